@@ -1,0 +1,788 @@
+/* engine.c - the engine: open/close, namespaces, the token-block index,
+ * reference counting, hot-tier placement, prefix lookup and drops.
+ * Sequences, reads and loads are in seq.c. Invariants and the lock order
+ * are in internal.h and docs/concurrency.md. */
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+#include "io/io.h"
+#include "tiers/codec.h"
+
+/* ---------- options ---------- */
+
+void kvt_options_init(kvt_options *opt) {
+  if (!opt) return;
+  *opt = (kvt_options){0};
+  opt->tier_bytes_limit[KVT_TIER_HOT] = 1ull << 30;
+  opt->max_seqs = 4096;
+  opt->max_namespaces = 256;
+  opt->max_seq_blocks = 1u << 20;
+  opt->max_load_reqs = 65536;
+  /* Estimates for kvt_lookup(), from MEASURED.md: memcpy ~5 GB/s, warm
+   * decode ~2 GB/s, cold O_DIRECT reads ~1 GB/s plus ~80 us latency. */
+  const double gbps[KVT_N_TIERS] = {0, 5.0, 2.0, 1.0};
+  const double lat[KVT_N_TIERS] = {0, 0.2, 1.0, 80.0};
+  for (int i = 0; i < KVT_N_TIERS; i++) {
+    opt->tier_load_gbps[i] = gbps[i];
+    opt->tier_load_latency_us[i] = lat[i];
+  }
+}
+
+#define KVT_OPEN_ALL (KVT_OPEN_RDONLY | KVT_OPEN_VERIFY_DEDUP | KVT_OPEN_METADATA_ONLY | \
+                      KVT_OPEN_NOCREATE)
+
+static int options_check(const kvt_options *o) {
+  if (o->flags & ~KVT_OPEN_ALL) return KVT_EOPTION;
+  if (o->max_seqs == 0 || o->max_seqs > (1u << 24)) return KVT_EOPTION;
+  if (o->max_namespaces == 0 || o->max_namespaces > (1u << 16)) return KVT_EOPTION;
+  if (o->max_seq_blocks == 0 || o->max_seq_blocks > (1u << 28)) return KVT_EOPTION;
+  if (o->max_load_reqs == 0 || o->max_load_reqs > (1u << 24)) return KVT_EOPTION;
+  for (int i = 1; i < KVT_N_TIERS; i++) {
+    if (!(o->tier_load_gbps[i] > 0) || !isfinite(o->tier_load_gbps[i])) return KVT_EOPTION;
+    if (!(o->tier_load_latency_us[i] >= 0) || !isfinite(o->tier_load_latency_us[i]))
+      return KVT_EOPTION;
+  }
+  if (o->tier_bytes_limit[KVT_TIER_NONE] != 0) return KVT_EOPTION;
+  return 0;
+}
+
+/* ---------- open / close ---------- */
+
+int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
+  if (!out) return KVT_ENULL;
+  *out = NULL;
+  if (!dir) return KVT_ENULL;
+  kvt_options o;
+  if (opt) o = *opt;
+  else kvt_options_init(&o);
+  int rc = options_check(&o);
+  if (rc) return rc;
+
+  kvt_mem mem;
+  kvt_mem_init(&mem, o.test_fail_alloc_after);
+  kvt_engine *e = kvt_mem_calloc(&mem, KVT_MEM_OTHER, sizeof *e);
+  if (!e) return -ENOMEM;
+  e->opt = o;
+  e->mem = mem; /* counters copied: the engine allocation itself is counted */
+  e->lock_fd = -1;
+  e->seqs.next = e->seqs.prev = &e->seqs;
+  e->loads.next = e->loads.prev = &e->loads;
+  static const char *const names[KVT_N_TIERS] = {"none", "hot", "warm", "cold"};
+  for (int t = 0; t < KVT_N_TIERS; t++)
+    kvt_tier_init(&e->tier[t], t, names[t], t == KVT_TIER_WARM ? KVT_MEM_WARM : KVT_MEM_HOT,
+                  o.tier_bytes_limit[t]);
+  e->n_buckets = 1024;
+  e->buckets = kvt_mem_calloc(&e->mem, KVT_MEM_INDEX, e->n_buckets * sizeof *e->buckets);
+  e->ns = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, o.max_namespaces * sizeof *e->ns);
+  e->ns_gen = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, o.max_namespaces * sizeof *e->ns_gen);
+  if (!e->buckets || !e->ns || !e->ns_gen) {
+    rc = -ENOMEM;
+    goto fail;
+  }
+  rc = pthread_mutex_init(&e->lock, NULL);
+  if (rc) {
+    rc = -rc;
+    goto fail;
+  }
+  rc = kvt_io_dir_open(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
+  if (rc) {
+    pthread_mutex_destroy(&e->lock);
+    goto fail;
+  }
+  *out = e;
+  return 0;
+fail:
+  kvt_mem_free(&e->mem, KVT_MEM_INDEX, e->buckets, e->n_buckets * sizeof *e->buckets);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns, o.max_namespaces * sizeof *e->ns);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns_gen, o.max_namespaces * sizeof *e->ns_gen);
+  free(e);
+  return rc;
+}
+
+static void nsrec_free(kvt_engine *e, kvt_nsrec *ns) {
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns->k_codec, 2 * (size_t)ns->desc.shape.n_layers);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns->strs, ns->strs_len);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns, sizeof *ns);
+}
+
+void kvt_engine_close(kvt_engine *e) {
+  if (!e) return;
+  pthread_mutex_lock(&e->lock);
+  while (e->loads.next != &e->loads) kvt_load_free_locked(e->loads.next);
+  while (e->seqs.next != &e->seqs) kvt_seq_free_locked(e->seqs.next);
+  for (size_t i = 0; i < e->n_buckets; i++)
+    while (e->buckets[i]) kvt_drop_tblk(e, e->buckets[i]);
+  for (uint32_t i = 0; i < e->n_ns; i++)
+    if (e->ns[i]) nsrec_free(e, e->ns[i]);
+  assert(e->n_tblks == 0 && e->tier[KVT_TIER_HOT].bytes_used == 0);
+  pthread_mutex_unlock(&e->lock);
+  pthread_mutex_destroy(&e->lock);
+  kvt_io_dir_close(e->lock_fd);
+  free(e->buckets);
+  free(e->ns);
+  free(e->ns_gen);
+  free(e);
+}
+
+int kvt_sync(kvt_engine *e) {
+  if (!e) return KVT_ENULL;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  return 0; /* nothing is durable before the cold tier exists */
+}
+
+int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
+  if (!e || !st) return KVT_ENULL;
+  pthread_mutex_lock(&e->lock);
+  *st = e->st;
+  for (int t = 0; t < KVT_N_TIERS; t++) {
+    st->tier_blocks[t] = e->tier[t].blocks;
+    st->tier_bytes[t] = e->tier[t].bytes_used;
+    st->tier_limit[t] = e->tier[t].bytes_limit;
+    st->evictions[t] = e->tier[t].evictions;
+  }
+  st->index_bytes = kvt_mem_bytes(&e->mem, KVT_MEM_INDEX);
+  st->seq_bytes = kvt_mem_bytes(&e->mem, KVT_MEM_SEQ);
+  st->other_bytes = kvt_mem_bytes(&e->mem, KVT_MEM_OTHER);
+  st->total_bytes = kvt_mem_total(&e->mem);
+  st->token_blocks = e->n_tblks;
+  pthread_mutex_unlock(&e->lock);
+  return 0;
+}
+
+/* ---------- shapes and values ---------- */
+
+size_t kvt_dtype_size(uint32_t dtype) {
+  switch (dtype) {
+  case KVT_F32: return 4;
+  case KVT_F16:
+  case KVT_BF16: return 2;
+  default: return 0;
+  }
+}
+
+size_t kvt_shape_block_bytes(const kvt_shape *s) {
+  if (!s) return 0;
+  return (size_t)s->block_tokens * s->n_kv_heads * s->head_dim * kvt_dtype_size(s->dtype);
+}
+
+int kvt_shape_check(const kvt_shape *s) {
+  if (kvt_dtype_size(s->dtype) == 0) return KVT_EDTYPE;
+  if (s->n_layers == 0 || s->n_layers > KVT_MAX_LAYERS) return KVT_ESHAPE;
+  if (s->n_kv_heads == 0 || s->n_kv_heads > KVT_MAX_HEADS) return KVT_ESHAPE;
+  if (s->head_dim == 0 || s->head_dim > KVT_MAX_HEAD_DIM) return KVT_ESHAPE;
+  uint32_t bt = s->block_tokens;
+  if (bt == 0 || bt > KVT_MAX_BLOCK_TOKENS || (bt & (bt - 1))) return KVT_ESHAPE;
+  if (2 * (uint64_t)kvt_shape_block_bytes(s) > KVT_MAX_BLOCK_BYTES) return KVT_ESHAPE;
+  return 0;
+}
+
+/* Non-finite means an all-ones exponent; written branch-free so it
+ * vectorizes. Returns KVT_ENONFINITE or 0. */
+int kvt_finite_check(const void *data, size_t n, uint32_t dtype) {
+  unsigned bad = 0;
+  if (dtype == KVT_F32) {
+    const uint32_t *p = data;
+    for (size_t i = 0; i < n; i++) bad |= (p[i] & 0x7F800000u) == 0x7F800000u;
+  } else {
+    const uint16_t *p = data;
+    const uint16_t m = dtype == KVT_F16 ? 0x7C00 : 0x7F80;
+    for (size_t i = 0; i < n; i++) bad |= (uint16_t)(p[i] & m) == m;
+  }
+  return bad ? KVT_ENONFINITE : 0;
+}
+
+/* ---------- namespaces ---------- */
+
+kvt_nsrec *kvt_ns_get(kvt_engine *e, kvt_ns_id id) {
+  uint32_t slot = id & 0xFFFF;
+  kvt_nsrec *ns = slot < e->n_ns ? e->ns[slot] : NULL;
+  return ns && ns->id == id ? ns : NULL;
+}
+
+static int str_ok(const char *s, int required) {
+  if (!s) return !required;
+  size_t n = strlen(s);
+  return (n > 0 || !required) && n <= KVT_MAX_ID_LEN;
+}
+
+static int ns_desc_check(const kvt_ns_desc *d) {
+  if (!d->model_id || !d->weights_fingerprint) return KVT_ENULL;
+  if (!str_ok(d->model_id, 1) || !str_ok(d->weights_fingerprint, 1) ||
+      !str_ok(d->rope_scaling, 0))
+    return KVT_EOPTION;
+  if (d->tp_size == 0 || d->tp_rank >= d->tp_size) return KVT_EOPTION;
+  if (!(d->rope_theta >= 0) || !isfinite(d->rope_theta)) return KVT_EOPTION;
+  if (d->rope_dims > d->shape.head_dim) return KVT_EOPTION;
+  return kvt_shape_check(&d->shape);
+}
+
+static int same_identity(const kvt_ns_desc *a, const kvt_ns_desc *b) {
+  const char *as = a->rope_scaling ? a->rope_scaling : "";
+  const char *bs = b->rope_scaling ? b->rope_scaling : "";
+  uint32_t ad = a->rope_dims ? a->rope_dims : a->shape.head_dim;
+  uint32_t bd = b->rope_dims ? b->rope_dims : b->shape.head_dim;
+  return strcmp(a->model_id, b->model_id) == 0 &&
+         strcmp(a->weights_fingerprint, b->weights_fingerprint) == 0 &&
+         memcmp(&a->rope_theta, &b->rope_theta, sizeof(double)) == 0 && ad == bd &&
+         strcmp(as, bs) == 0 && a->tp_rank == b->tp_rank && a->tp_size == b->tp_size;
+}
+
+static kvt_nsrec *nsrec_new(kvt_engine *e, const kvt_ns_desc *d) {
+  kvt_nsrec *ns = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, sizeof *ns);
+  if (!ns) return NULL;
+  const char *src[3] = {d->model_id, d->weights_fingerprint, d->rope_scaling ? d->rope_scaling : ""};
+  size_t len[3], total = 0;
+  for (int i = 0; i < 3; i++) total += (len[i] = strlen(src[i])) + 1;
+  uint32_t L = d->shape.n_layers;
+  ns->strs = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, total);
+  ns->k_codec = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, 2 * (size_t)L);
+  if (!ns->strs || !ns->k_codec) {
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns->strs, total);
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns->k_codec, 2 * (size_t)L);
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns, sizeof *ns);
+    return NULL;
+  }
+  ns->v_codec = ns->k_codec + L;
+  memset(ns->k_codec, KVT_CODEC_K8, L);
+  memset(ns->v_codec, KVT_CODEC_V3, L);
+  ns->strs_len = total;
+  char *p = ns->strs, *dst[3];
+  for (int i = 0; i < 3; i++) {
+    memcpy(p, src[i], len[i] + 1);
+    dst[i] = p;
+    p += len[i] + 1;
+  }
+  ns->desc = *d;
+  ns->desc.model_id = dst[0];
+  ns->desc.weights_fingerprint = dst[1];
+  ns->desc.rope_scaling = dst[2];
+  if (ns->desc.rope_dims == 0) ns->desc.rope_dims = d->shape.head_dim;
+  kvt_ns_seed_of(&ns->desc, &ns->seed);
+  ns->bytes_each = kvt_shape_block_bytes(&d->shape);
+  ns->lite = (kvt_shape_lite){d->shape.block_tokens, d->shape.n_kv_heads, d->shape.head_dim,
+                              d->shape.dtype};
+  ns->warm_seed = kvt_key_hash(&ns->seed);
+  return ns;
+}
+
+int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *d, kvt_ns_id *out) {
+  if (!e || !d || !out) return KVT_ENULL;
+  int rc = ns_desc_check(d);
+  if (rc) return rc;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  pthread_mutex_lock(&e->lock);
+  for (uint32_t i = 0; i < e->n_ns; i++) {
+    kvt_nsrec *ns = e->ns[i];
+    if (!ns || !same_identity(&ns->desc, d)) continue;
+    rc = memcmp(&ns->desc.shape, &d->shape, sizeof d->shape) ? KVT_ENSCONFLICT : 0;
+    if (!rc) *out = ns->id;
+    goto done;
+  }
+  uint32_t slot = 0;
+  while (slot < e->n_ns && e->ns[slot]) slot++;
+  if (slot >= e->opt.max_namespaces) {
+    rc = KVT_ELIMIT;
+    goto done;
+  }
+  kvt_nsrec *ns = nsrec_new(e, d);
+  if (!ns) {
+    rc = -ENOMEM;
+    goto done;
+  }
+  ns->id = slot | (uint32_t)e->ns_gen[slot] << 16;
+  *out = ns->id;
+  e->ns[slot] = ns;
+  if (slot == e->n_ns) e->n_ns++;
+  e->st.namespaces++;
+done:
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+int kvt_ns_shape(kvt_engine *e, kvt_ns_id id, kvt_shape *out) {
+  if (!e || !out) return KVT_ENULL;
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  if (ns) *out = ns->desc.shape;
+  pthread_mutex_unlock(&e->lock);
+  return ns ? 0 : KVT_ENOTFOUND;
+}
+
+int kvt_ns_seed(kvt_engine *e, kvt_ns_id id, kvt_key *out) {
+  if (!e || !out) return KVT_ENULL;
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  if (ns) *out = ns->seed;
+  pthread_mutex_unlock(&e->lock);
+  return ns ? 0 : KVT_ENOTFOUND;
+}
+
+int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, int v_codec) {
+  if (!e) return KVT_ENULL;
+  const kvt_codec *kc = kvt_codec_get(k_codec), *vc = kvt_codec_get(v_codec);
+  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  int rc = 0;
+  if (!ns || (layer != KVT_ALL_LAYERS && layer >= ns->desc.shape.n_layers)) {
+    rc = KVT_ENOTFOUND;
+  } else {
+    uint32_t l0 = layer == KVT_ALL_LAYERS ? 0 : layer;
+    uint32_t l1 = layer == KVT_ALL_LAYERS ? ns->desc.shape.n_layers : layer + 1;
+    for (uint32_t l = l0; l < l1; l++) {
+      ns->k_codec[l] = (uint8_t)k_codec;
+      ns->v_codec[l] = (uint8_t)v_codec;
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+const char *kvt_codec_name(int codec) {
+  const kvt_codec *c = kvt_codec_get(codec);
+  return c ? c->name : NULL;
+}
+
+int kvt_codec_parse(const char *name, int *k_codec, int *v_codec) {
+  if (!name || !k_codec || !v_codec) return KVT_ENULL;
+  const char *v = strchr(name, 'v');
+  char kname[8];
+  if (!v || (size_t)(v - name) >= sizeof kname) return KVT_EOPTION;
+  memcpy(kname, name, (size_t)(v - name));
+  kname[v - name] = 0;
+  const kvt_codec *kc = kvt_codec_by_name(kname), *vc = kvt_codec_by_name(v);
+  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
+  *k_codec = kc->id;
+  *v_codec = vc->id;
+  return 0;
+}
+
+/* Seed and block size of a namespace, read under the lock; namespaces are
+ * immutable until dropped, so the copies stay right for the caller. */
+static int ns_chain_params(kvt_engine *e, kvt_ns_id id, kvt_key *seed, uint32_t *bt) {
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  if (ns) {
+    *seed = ns->seed;
+    *bt = ns->desc.shape.block_tokens;
+  }
+  pthread_mutex_unlock(&e->lock);
+  return ns ? 0 : KVT_ENOTFOUND;
+}
+
+int kvt_keys(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tokens, kvt_key *keys,
+             size_t max_keys, size_t *n_keys) {
+  if (!e || !n_keys || (n_tokens && !tokens)) return KVT_ENULL;
+  kvt_key seed;
+  uint32_t bt;
+  int rc = ns_chain_params(e, id, &seed, &bt);
+  if (rc) return rc;
+  size_t n = n_tokens / bt;
+  *n_keys = n;
+  if (n > max_keys) return KVT_ECOUNT;
+  if (n && !keys) return KVT_ENULL;
+  for (size_t i = 0; i < n; i++)
+    kvt_key_next(&seed, i ? &keys[i - 1] : NULL, tokens + i * bt, bt, &keys[i]);
+  return 0;
+}
+
+int kvt_ns_drop(kvt_engine *e, kvt_ns_id id) {
+  if (!e) return KVT_ENULL;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  int rc = !ns ? KVT_ENOTFOUND : (ns->n_seqs || ns->n_loads) ? KVT_EBUSY : 0;
+  if (!rc) {
+    for (size_t i = 0; i < e->n_buckets; i++) {
+      kvt_tblk **pp = &e->buckets[i];
+      while (*pp) {
+        if ((*pp)->ns == ns) kvt_drop_tblk(e, *pp); /* unlinks *pp */
+        else pp = &(*pp)->hnext;
+      }
+    }
+    e->ns[id & 0xFFFF] = NULL;
+    e->ns_gen[id & 0xFFFF]++;
+    nsrec_free(e, ns);
+    e->st.namespaces--;
+  }
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+/* ---------- the index ---------- */
+
+kvt_tblk *kvt_index_find(kvt_engine *e, const kvt_key *k) {
+  kvt_tblk *tb = e->buckets[kvt_key_hash(k) & (e->n_buckets - 1)];
+  while (tb && !kvt_key_eq(&tb->key, k)) tb = tb->hnext;
+  return tb;
+}
+
+/* Double the table when it averages more than one entry a bucket. When
+ * the allocation fails the chains just grow longer: nothing is lost. */
+static void index_grow(kvt_engine *e) {
+  size_t n = e->n_buckets * 2;
+  kvt_tblk **nb = kvt_mem_calloc(&e->mem, KVT_MEM_INDEX, n * sizeof *nb);
+  if (!nb) return;
+  for (size_t i = 0; i < e->n_buckets; i++) {
+    kvt_tblk *tb = e->buckets[i];
+    while (tb) {
+      kvt_tblk *next = tb->hnext;
+      size_t h = kvt_key_hash(&tb->key) & (n - 1);
+      tb->hnext = nb[h];
+      nb[h] = tb;
+      tb = next;
+    }
+  }
+  kvt_mem_free(&e->mem, KVT_MEM_INDEX, e->buckets, e->n_buckets * sizeof *nb);
+  e->buckets = nb;
+  e->n_buckets = n;
+}
+
+void kvt_index_insert(kvt_engine *e, kvt_tblk *tb) {
+  assert(!tb->indexed && !kvt_index_find(e, &tb->key));
+  if (e->n_tblks >= e->n_buckets) index_grow(e);
+  size_t h = kvt_key_hash(&tb->key) & (e->n_buckets - 1);
+  tb->hnext = e->buckets[h];
+  e->buckets[h] = tb;
+  tb->indexed = 1;
+}
+
+void kvt_index_remove(kvt_engine *e, kvt_tblk *tb) {
+  if (!tb->indexed) return;
+  kvt_tblk **pp = &e->buckets[kvt_key_hash(&tb->key) & (e->n_buckets - 1)];
+  while (*pp != tb) pp = &(*pp)->hnext;
+  *pp = tb->hnext;
+  tb->hnext = NULL;
+  tb->indexed = 0;
+}
+
+static size_t tblk_size(uint32_t n_layers) {
+  return sizeof(kvt_tblk) + (size_t)n_layers * sizeof(kvt_lblk *);
+}
+
+kvt_tblk *kvt_tblk_alloc(kvt_engine *e, kvt_nsrec *ns, const kvt_key *key, const kvt_key *parent,
+                         uint32_t pos) {
+  uint32_t L = ns->desc.shape.n_layers;
+  kvt_tblk *tb = kvt_mem_calloc(&e->mem, KVT_MEM_INDEX, tblk_size(L));
+  if (!tb) return NULL;
+  tb->key = *key;
+  if (parent) tb->parent = *parent;
+  tb->ns = ns;
+  tb->pos = pos;
+  tb->n_layers = L;
+  return tb;
+}
+
+void kvt_tblk_maybe_free(kvt_engine *e, kvt_tblk *tb) {
+  if (tb->n_present || tb->seq_refs) return;
+  if (tb->indexed) {
+    kvt_index_remove(e, tb);
+    e->n_tblks--;
+  }
+  kvt_mem_free(&e->mem, KVT_MEM_INDEX, tb, tblk_size(tb->n_layers));
+}
+
+/* ---------- layer blocks ---------- */
+
+static void lblk_destroy(kvt_engine *e, kvt_lblk *b) {
+  kvt_tier_state *t = &e->tier[b->tier];
+  kvt_tblk *tb = b->tb;
+  assert(b->refs == 0 && b->pins == 0 && tb->layers[b->layer] == b);
+  if (b->on_lru) kvt_tier_lru_remove(t, b);
+  kvt_tier_unaccount(t, b);
+  tb->layers[b->layer] = NULL;
+  tb->n_present--;
+  kvt_lblk_free(&e->mem, t->mem_cat, b);
+  kvt_tblk_maybe_free(e, tb);
+}
+
+void kvt_lblk_ref(kvt_engine *e, kvt_lblk *b) {
+  if (b->refs++ == 0) {
+    if (b->on_lru) kvt_tier_lru_remove(&e->tier[b->tier], b);
+  } else {
+    e->st.dedup_saved_bytes += b->payload_bytes;
+  }
+  e->st.logical_bytes += b->payload_bytes;
+}
+
+/* The last reference gone: cached for reuse (LRU), or freed when its token
+ * block was dropped and it is no longer pinned. */
+static void lblk_idle(kvt_engine *e, kvt_lblk *b) {
+  if (!b->tb->indexed) {
+    if (b->pins == 0) lblk_destroy(e, b);
+  } else {
+    kvt_tier_lru_push(&e->tier[b->tier], b);
+  }
+}
+
+void kvt_lblk_unref(kvt_engine *e, kvt_lblk *b) {
+  assert(b->refs > 0);
+  e->st.logical_bytes -= b->payload_bytes;
+  if (--b->refs > 0) e->st.dedup_saved_bytes -= b->payload_bytes;
+  else lblk_idle(e, b);
+}
+
+void kvt_lblk_pin(kvt_engine *e, kvt_lblk *b) { kvt_tier_pin(&e->tier[b->tier], b); }
+
+void kvt_lblk_unpin(kvt_engine *e, kvt_lblk *b) {
+  kvt_tier_unpin(&e->tier[b->tier], b);
+  if (b->pins == 0 && b->refs == 0 && !b->tb->indexed) lblk_destroy(e, b);
+}
+
+/* Drop unreferenced blocks of t, least recent first, until cost fits.
+ * Checks first, so a refusal changes nothing. */
+int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
+  if (!kvt_tier_can_fit(t, cost)) return KVT_EFULL;
+  while (t->bytes_used + cost > t->bytes_limit) {
+    kvt_lblk *v = kvt_tier_lru_victim(t);
+    assert(v); /* can_fit said enough is evictable */
+    t->evictions++;
+    lblk_destroy(e, v);
+  }
+  return 0;
+}
+
+/* Move hot block b to the warm tier. Encodes outside the lock while b is
+ * pinned and marked busy (so no other thread demotes it too). */
+static int demote(kvt_engine *e, kvt_lblk *b) {
+  kvt_tier_state *hot = &e->tier[KVT_TIER_HOT], *warm = &e->tier[KVT_TIER_WARM];
+  kvt_nsrec *ns = b->tb->ns;
+  uint32_t l = b->layer;
+  kvt_warm_form f;
+  b->busy = 1;
+  kvt_lblk_pin(e, b);
+  pthread_mutex_unlock(&e->lock);
+  const uint8_t *k = b->payload, *v = k ? k + ns->bytes_each : NULL;
+  int rc = kvt_warm_encode(&e->mem, &ns->lite, k, v, ns->k_codec[l], ns->v_codec[l],
+                           kvt_layer_seed(ns, l), &f);
+  pthread_mutex_lock(&e->lock);
+  b->busy = 0;
+  kvt_tier_unpin(hot, b); /* not kvt_lblk_unpin: b is still needed here */
+  if (b->refs == 0 && b->pins == 0 && !b->tb->indexed) { /* dropped while we encoded */
+    if (f.payload) kvt_mem_free(&e->mem, KVT_MEM_WARM, f.payload, f.alloc);
+    lblk_destroy(e, b);
+    return rc;
+  }
+  uint64_t cost = kvt_lblk_desc_bytes() + f.alloc;
+  if (!rc) rc = kvt_tier_drop_for(e, warm, cost);
+  if (rc) {
+    if (f.payload) kvt_mem_free(&e->mem, KVT_MEM_WARM, f.payload, f.alloc);
+    /* Warm cannot take it: an unreferenced block is dropped instead. */
+    if (rc == KVT_EFULL && b->refs == 0) {
+      hot->evictions++;
+      lblk_destroy(e, b);
+      return 0;
+    }
+    return rc;
+  }
+  int listed = b->on_lru;
+  if (listed) kvt_tier_lru_remove(hot, b);
+  kvt_tier_unaccount(hot, b);
+  kvt_payload_free(&e->mem, KVT_MEM_HOT, b);
+  kvt_mem_move(&e->mem, KVT_MEM_HOT, KVT_MEM_WARM, kvt_lblk_desc_bytes());
+  b->payload = f.payload;
+  b->payload_alloc = f.alloc;
+  b->k_len = f.k_len;
+  b->k_codec = f.k_codec;
+  b->v_codec = f.v_codec;
+  b->cost = cost;
+  kvt_tier_account(warm, b);
+  if (listed) kvt_tier_lru_push(warm, b);
+  e->st.demotions++;
+  return 0;
+}
+
+int kvt_hot_make_room(kvt_engine *e, uint64_t cost) {
+  kvt_tier_state *hot = &e->tier[KVT_TIER_HOT];
+  if (!kvt_warm_on(e)) return kvt_tier_drop_for(e, hot, cost);
+  if (cost > hot->bytes_limit) return KVT_EFULL;
+  while (hot->bytes_used + cost > hot->bytes_limit) {
+    kvt_lblk *v = kvt_tier_oldest(hot);
+    if (!v) return KVT_EFULL; /* everything left is pinned or being moved */
+    int rc = demote(e, v);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int tier) {
+  assert(!tb->layers[layer]);
+  b->tb = tb;
+  b->layer = layer;
+  kvt_tier_account(&e->tier[tier], b);
+  tb->layers[layer] = b;
+  tb->n_present++;
+  return 0;
+}
+
+int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out) {
+  size_t each = ns->bytes_each;
+  if (b->tier == KVT_TIER_WARM)
+    return kvt_warm_decode(&ns->lite, b, kvt_layer_seed(ns, b->layer), k_out, v_out);
+  memcpy(k_out, b->payload, each);
+  memcpy(v_out, b->payload + each, each);
+  return 0;
+}
+
+/* Remove tb from the index with every layer it holds: layers nobody holds
+ * are freed now, the others when their last reference or pin goes. */
+void kvt_drop_tblk(kvt_engine *e, kvt_tblk *tb) {
+  if (tb->indexed) {
+    kvt_index_remove(e, tb);
+    e->n_tblks--;
+  }
+  tb->seq_refs++; /* keep tb alive while its layers go */
+  for (uint32_t l = 0; l < tb->n_layers; l++) {
+    kvt_lblk *b = tb->layers[l];
+    if (b && b->refs == 0 && b->pins == 0) lblk_destroy(e, b);
+  }
+  tb->seq_refs--;
+  kvt_tblk_maybe_free(e, tb);
+}
+
+/* ---------- prefix lookup and drop ---------- */
+
+#define KEY_BATCH 64
+
+static double est_load_us(const kvt_engine *e, int tier, uint64_t bytes) {
+  return e->opt.tier_load_latency_us[tier] + (double)bytes / (e->opt.tier_load_gbps[tier] * 1e3);
+}
+
+/* Is tb stored in every layer? Then touch its idle layers and describe it. */
+static int lookup_hit(kvt_engine *e, kvt_tblk *tb, kvt_lookup_entry *ent) {
+  if (!tb || !tb->indexed || tb->n_present != tb->n_layers) return 0;
+  int slowest = KVT_TIER_HOT;
+  double us = 0;
+  for (uint32_t l = 0; l < tb->n_layers; l++) {
+    kvt_lblk *b = tb->layers[l];
+    kvt_tier_lru_touch(&e->tier[b->tier], b);
+    if (b->tier > slowest) slowest = b->tier;
+    us += est_load_us(e, b->tier, b->payload_bytes);
+  }
+  if (ent) {
+    ent->key = tb->key;
+    ent->tier = (uint32_t)slowest;
+    ent->pad = 0;
+    ent->est_load_us = us;
+  }
+  return 1;
+}
+
+int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tokens,
+               kvt_lookup_entry *out, size_t max_out, size_t *n_found) {
+  if (!e || !n_found || (n_tokens && !tokens) || (max_out && !out)) return KVT_ENULL;
+  *n_found = 0;
+  kvt_key seed, keys[KEY_BATCH];
+  uint32_t bt;
+  int rc = ns_chain_params(e, id, &seed, &bt);
+  if (rc) return rc;
+  size_t n = n_tokens / bt, found = 0;
+  int miss = 0;
+  for (size_t i0 = 0; i0 < n && !miss; i0 += KEY_BATCH) {
+    size_t m = n - i0 < KEY_BATCH ? n - i0 : KEY_BATCH;
+    for (size_t j = 0; j < m; j++)
+      kvt_key_next(&seed, j ? &keys[j - 1] : (i0 ? &keys[KEY_BATCH - 1] : NULL),
+                   tokens + (i0 + j) * bt, bt, &keys[j]);
+    pthread_mutex_lock(&e->lock);
+    for (size_t j = 0; j < m && !miss; j++) {
+      kvt_lookup_entry *ent = found < max_out ? &out[found] : NULL;
+      if (lookup_hit(e, kvt_index_find(e, &keys[j]), ent)) found++;
+      else miss = 1;
+    }
+    pthread_mutex_unlock(&e->lock);
+  }
+  pthread_mutex_lock(&e->lock);
+  e->st.lookups++;
+  e->st.lookup_blocks_hit += found;
+  e->st.lookup_blocks_miss += n - found;
+  pthread_mutex_unlock(&e->lock);
+  *n_found = found;
+  return 0;
+}
+
+static int cmp_pos(const void *a, const void *b) {
+  uint32_t x = (*(kvt_tblk *const *)a)->pos, y = (*(kvt_tblk *const *)b)->pos;
+  return (x > y) - (x < y);
+}
+
+/* Token blocks of ns that extend the block `last`, in chain order. The
+ * caller frees *out (n entries, counted in KVT_MEM_OTHER). */
+static int descendants(kvt_engine *e, kvt_tblk *last, kvt_tblk ***out, size_t *n_out,
+                       size_t *cap_out) {
+  size_t cap = 0, n = 0;
+  for (size_t i = 0; i < e->n_buckets; i++)
+    for (kvt_tblk *tb = e->buckets[i]; tb; tb = tb->hnext)
+      cap += (tb->ns == last->ns && tb->pos > last->pos);
+  *out = NULL;
+  *n_out = 0;
+  *cap_out = cap;
+  if (!cap) return 0;
+  kvt_tblk **c = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, cap * sizeof *c);
+  if (!c) return -ENOMEM;
+  size_t m = 0;
+  for (size_t i = 0; i < e->n_buckets; i++)
+    for (kvt_tblk *tb = e->buckets[i]; tb; tb = tb->hnext)
+      if (tb->ns == last->ns && tb->pos > last->pos) c[m++] = tb;
+  qsort(c, m, sizeof *c, cmp_pos);
+  /* A block descends from last iff its parent does (or is last); in chain
+   * order every parent is decided before its children. A block whose
+   * parent left the index is not reached: no lookup can reach it either. */
+  last->mark = 1;
+  for (size_t i = 0; i < m; i++) {
+    kvt_tblk *p = kvt_index_find(e, &c[i]->parent);
+    if (p && p->mark) {
+      c[i]->mark = 1;
+      c[n++] = c[i];
+    }
+  }
+  for (size_t i = 0; i < n; i++) c[i]->mark = 0;
+  last->mark = 0;
+  *out = c;
+  *n_out = n;
+  return 0;
+}
+
+int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tokens,
+                    uint64_t *dropped) {
+  if (!e || !tokens) return KVT_ENULL;
+  if (dropped) *dropped = 0;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  kvt_key seed, prev, cur;
+  uint32_t bt;
+  int rc = ns_chain_params(e, id, &seed, &bt);
+  if (rc) return rc;
+  size_t n = n_tokens / bt;
+  if (n == 0) return KVT_ECOUNT;
+  kvt_key_next(&seed, NULL, tokens, bt, &cur);
+  for (size_t i = 1; i < n; i++) {
+    prev = cur;
+    kvt_key_next(&seed, &prev, tokens + i * bt, bt, &cur);
+  }
+  pthread_mutex_lock(&e->lock);
+  /* Find what extends the prefix first, so that a failure changes nothing. */
+  kvt_tblk *last = kvt_index_find(e, &cur), **d = NULL;
+  size_t nd = 0, cap = 0;
+  if (last) rc = descendants(e, last, &d, &nd, &cap);
+  uint64_t count = 0;
+  if (!rc) {
+    for (size_t i = 0; i < nd; i++) kvt_drop_tblk(e, d[i]);
+    count += nd;
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, d, cap * sizeof *d);
+    for (size_t i = 0; i < n; i++) {
+      kvt_key_next(&seed, i ? &prev : NULL, tokens + i * bt, bt, &cur);
+      prev = cur;
+      kvt_tblk *tb = kvt_index_find(e, &cur);
+      if (tb) {
+        kvt_drop_tblk(e, tb);
+        count++;
+      }
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  if (dropped) *dropped = count;
+  return rc;
+}

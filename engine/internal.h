@@ -1,0 +1,130 @@
+/* internal.h - engine structures shared by engine.c and seq.c.
+ *
+ * Invariants (checked by assertions and by tests/test_limit.c):
+ *  1. A token block (kvt_tblk) is in the index iff tb->indexed; it is freed
+ *     when it holds no layer block and no sequence holds it.
+ *  2. A layer block with refs > 0 is never evicted; with refs == 0 it is on
+ *     its tier's LRU list, unless its token block was dropped (orphan), in
+ *     which case it is freed as soon as refs and pins reach 0.
+ *  3. tier.bytes_used <= tier.bytes_limit after every call returns.
+ *  4. Payload bytes are copied outside the engine lock, under a pin.
+ * Lock order: e->lock is the only lock; nothing else is held with it. */
+#ifndef KVT_INTERNAL_H
+#define KVT_INTERNAL_H
+
+#include <pthread.h>
+
+#include "engine/key.h"
+#include "engine/mem.h"
+#include "kvtier.h"
+#include "tiers/tier.h"
+
+typedef struct kvt_nsrec {
+  kvt_ns_id id;               /* slot in the low 16 bits, generation above */
+  kvt_ns_desc desc;           /* strings point into the copies below */
+  char *strs;                 /* model id, fingerprint, rope scaling, NUL separated */
+  size_t strs_len;
+  kvt_key seed;
+  size_t bytes_each;          /* K (= V) bytes of one layer block */
+  kvt_shape_lite lite;        /* what the tiers need of the shape */
+  uint8_t *k_codec, *v_codec; /* [n_layers] warm codecs */
+  uint64_t warm_seed;         /* rotation seed of layer l: warm_seed + l * odd */
+  uint32_t n_seqs;            /* open sequences */
+  uint32_t n_loads;           /* pending load batches */
+} kvt_nsrec;
+
+typedef struct kvt_tblk {
+  kvt_key key;
+  kvt_key parent;             /* key of the block before; zero for the first */
+  struct kvt_tblk *hnext;     /* index hash chain */
+  kvt_nsrec *ns;
+  uint32_t pos;               /* index of the block in its chain */
+  uint32_t n_present;         /* layers that have a block */
+  uint32_t seq_refs;          /* sequences holding this token block */
+  uint32_t n_layers;
+  uint8_t indexed;
+  uint8_t mark;               /* scratch for kvt_drop_prefix */
+  kvt_lblk *layers[];         /* [n_layers] */
+} kvt_tblk;
+
+struct kvt_seq {
+  kvt_engine *e;
+  kvt_nsrec *ns;
+  kvt_seq *prev, *next;       /* engine's list of open sequences */
+  uint32_t n_blocks, cap;
+  kvt_tblk **tb;              /* [cap] */
+  kvt_lblk **lb;              /* [cap * n_layers], block-major: lb[b * L + l] */
+};
+
+struct kvt_load {
+  kvt_engine *e;
+  kvt_nsrec *ns;
+  kvt_load *prev, *next;      /* engine's list of pending loads */
+  kvt_load_req *reqs;
+  kvt_lblk **blk;             /* [n]; pinned, or NULL when not found */
+  size_t n;
+};
+
+struct kvt_engine {
+  pthread_mutex_t lock;
+  kvt_options opt;
+  int lock_fd;
+  kvt_mem mem;
+  kvt_tier_state tier[KVT_N_TIERS];
+  kvt_tblk **buckets;         /* index: token-block key -> kvt_tblk */
+  size_t n_buckets;           /* power of two */
+  size_t n_tblks;
+  kvt_nsrec **ns;             /* [opt.max_namespaces]; NULL when free */
+  uint16_t *ns_gen;           /* [opt.max_namespaces]: bumped by each drop, so
+                                 a stale id never finds a newer namespace */
+  uint32_t n_ns;              /* slots ever used (a high-water mark) */
+  kvt_seq seqs;               /* sentinel */
+  kvt_load loads;             /* sentinel */
+  kvt_stats st;               /* counters; gauges are filled by kvt_stats_get */
+};
+
+static inline int kvt_rdonly(const kvt_engine *e) { return (e->opt.flags & KVT_OPEN_RDONLY) != 0; }
+static inline int kvt_meta_only(const kvt_engine *e) {
+  return (e->opt.flags & KVT_OPEN_METADATA_ONLY) != 0;
+}
+
+/* engine.c, with e->lock held */
+kvt_nsrec *kvt_ns_get(kvt_engine *e, kvt_ns_id id);
+kvt_tblk *kvt_index_find(kvt_engine *e, const kvt_key *k);
+void kvt_index_insert(kvt_engine *e, kvt_tblk *tb);
+void kvt_index_remove(kvt_engine *e, kvt_tblk *tb);
+kvt_tblk *kvt_tblk_alloc(kvt_engine *e, kvt_nsrec *ns, const kvt_key *key,
+                         const kvt_key *parent, uint32_t pos);
+void kvt_tblk_maybe_free(kvt_engine *e, kvt_tblk *tb);
+void kvt_lblk_ref(kvt_engine *e, kvt_lblk *b);
+void kvt_lblk_unref(kvt_engine *e, kvt_lblk *b);
+void kvt_lblk_pin(kvt_engine *e, kvt_lblk *b);
+void kvt_lblk_unpin(kvt_engine *e, kvt_lblk *b);
+/* Publish a freshly filled block b as layer `layer` of tb in tier; the
+ * caller has made room. */
+int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int tier);
+/* Drop unreferenced blocks of t, least recent first, until cost fits;
+ * KVT_EFULL and nothing changed when it cannot. */
+int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost);
+/* Make room for cost bytes in the hot tier: drop unreferenced blocks, or
+ * with a warm tier demote the least recently used (which unlocks and
+ * relocks e->lock around encoding). 0, KVT_EFULL or -ENOMEM. */
+int kvt_hot_make_room(kvt_engine *e, uint64_t cost);
+static inline int kvt_warm_on(const kvt_engine *e) { return e->tier[KVT_TIER_WARM].bytes_limit > 0; }
+static inline uint64_t kvt_layer_seed(const kvt_nsrec *ns, uint32_t layer) {
+  return ns->warm_seed + (uint64_t)layer * 0x9E3779B97F4A7C15ull;
+}
+/* Copy a pinned block out as K and V in the namespace dtype, decoding a
+ * warm one; runs without the lock. 0 or KVT_ECORRUPT. */
+int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out);
+void kvt_drop_tblk(kvt_engine *e, kvt_tblk *tb);
+
+/* seq.c */
+void kvt_seq_free_locked(kvt_seq *s);
+void kvt_load_free_locked(kvt_load *ld);
+
+/* validation shared by put and the tests of shapes (engine.c) */
+int kvt_shape_check(const kvt_shape *s);
+int kvt_finite_check(const void *data, size_t n_elems, uint32_t dtype);
+
+#endif

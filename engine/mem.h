@@ -1,0 +1,44 @@
+/* mem.h - the engine's allocation accounting.
+ * Every byte the engine allocates goes through these calls and is counted
+ * in one category; stats report these counters, never a formula. A test
+ * knob fails the Nth allocation so tests can walk every failure path. */
+#ifndef KVT_MEM_H
+#define KVT_MEM_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvt_mem_cat {
+  KVT_MEM_HOT = 0,   /* hot-tier layer blocks: descriptor + payload */
+  KVT_MEM_WARM,      /* reserved for the warm tier */
+  KVT_MEM_INDEX,     /* hash table and token-block entries */
+  KVT_MEM_SEQ,       /* sequences */
+  KVT_MEM_OTHER,     /* engine, namespaces, loads */
+  KVT_MEM_NCAT
+};
+
+typedef struct kvt_mem {
+  _Atomic uint64_t bytes[KVT_MEM_NCAT];
+  _Atomic uint64_t n_allocs;      /* allocations attempted */
+  uint64_t fail_after;            /* fail allocation number fail_after (0 = never) */
+} kvt_mem;
+
+void kvt_mem_init(kvt_mem *m, uint64_t fail_after);
+/* malloc counted in cat; NULL on failure (real or injected). */
+void *kvt_mem_alloc(kvt_mem *m, int cat, size_t size);
+/* zeroed. */
+void *kvt_mem_calloc(kvt_mem *m, int cat, size_t size);
+/* 64-byte aligned; size is rounded up to a multiple of 64 and that is what
+ * is counted: kvt_mem_round(size) tells it. */
+void *kvt_mem_alloc_aligned(kvt_mem *m, int cat, size_t size);
+size_t kvt_mem_round(size_t size);
+/* Free p of the size it was allocated with (the rounded size for aligned). */
+void kvt_mem_free(kvt_mem *m, int cat, void *p, size_t size);
+/* Count bytes already allocated under another category (a block that
+ * changed tier keeps its descriptor). */
+void kvt_mem_move(kvt_mem *m, int from, int to, size_t bytes);
+uint64_t kvt_mem_bytes(const kvt_mem *m, int cat);
+uint64_t kvt_mem_total(const kvt_mem *m);
+
+#endif

@@ -1,0 +1,534 @@
+/* seq.c - sequences (one agent's context), puts, reads, gathers and loads.
+ * A sequence is used by one thread at a time, so its own arrays are read
+ * without the engine lock; everything shared is changed under it. Payload
+ * bytes are copied outside the lock while the blocks are pinned. */
+#include <assert.h>
+#include <errno.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+static size_t seq_arrays_size(uint32_t cap, uint32_t L) {
+  return (size_t)cap * sizeof(kvt_tblk *) + (size_t)cap * L * sizeof(kvt_lblk *);
+}
+
+/* Allocate a sequence able to hold cap blocks; not yet linked. */
+static kvt_seq *seq_alloc(kvt_engine *e, kvt_nsrec *ns, uint32_t cap) {
+  kvt_seq *s = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, sizeof *s);
+  if (!s) return NULL;
+  s->e = e;
+  s->ns = ns;
+  if (cap) {
+    uint32_t L = ns->desc.shape.n_layers;
+    void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L));
+    if (!p) {
+      kvt_mem_free(&e->mem, KVT_MEM_SEQ, s, sizeof *s);
+      return NULL;
+    }
+    s->tb = p;
+    s->lb = (kvt_lblk **)(s->tb + cap);
+    s->cap = cap;
+  }
+  return s;
+}
+
+static void seq_dealloc(kvt_engine *e, kvt_seq *s) {
+  if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, s->ns->desc.shape.n_layers));
+  kvt_mem_free(&e->mem, KVT_MEM_SEQ, s, sizeof *s);
+}
+
+static void seq_link(kvt_engine *e, kvt_seq *s) {
+  s->next = e->seqs.next;
+  s->prev = &e->seqs;
+  e->seqs.next->prev = s;
+  e->seqs.next = s;
+  s->ns->n_seqs++;
+  e->st.seqs++;
+}
+
+int kvt_seq_create(kvt_engine *e, kvt_ns_id id, kvt_seq **out) {
+  if (!e || !out) return KVT_ENULL;
+  *out = NULL;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  int rc = 0;
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  if (!ns) rc = KVT_ENOTFOUND;
+  else if (e->st.seqs >= e->opt.max_seqs) rc = KVT_ELIMIT;
+  else if (!(*out = seq_alloc(e, ns, 0))) rc = -ENOMEM;
+  else seq_link(e, *out);
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
+  if (!parent || !out) return KVT_ENULL;
+  *out = NULL;
+  kvt_engine *e = parent->e;
+  if (n_blocks == UINT32_MAX) n_blocks = parent->n_blocks;
+  if (n_blocks > parent->n_blocks) return KVT_ECOUNT;
+  uint32_t L = parent->ns->desc.shape.n_layers;
+  int rc = 0;
+  pthread_mutex_lock(&e->lock);
+  kvt_seq *s = NULL;
+  if (e->st.seqs >= e->opt.max_seqs) rc = KVT_ELIMIT;
+  else if (!(s = seq_alloc(e, parent->ns, n_blocks))) rc = -ENOMEM;
+  if (!rc) {
+    /* Share, not copy: the child references the parent's blocks. */
+    for (uint32_t b = 0; b < n_blocks; b++) {
+      s->tb[b] = parent->tb[b];
+      s->tb[b]->seq_refs++;
+      for (uint32_t l = 0; l < L; l++) {
+        kvt_lblk *lb = parent->lb[(size_t)b * L + l];
+        s->lb[(size_t)b * L + l] = lb;
+        if (lb) kvt_lblk_ref(e, lb);
+      }
+    }
+    s->n_blocks = n_blocks;
+    seq_link(e, s);
+    *out = s;
+  }
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+void kvt_seq_free_locked(kvt_seq *s) {
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    for (uint32_t l = 0; l < L; l++) {
+      kvt_lblk *lb = s->lb[(size_t)b * L + l];
+      if (lb) kvt_lblk_unref(e, lb);
+    }
+    s->tb[b]->seq_refs--;
+    kvt_tblk_maybe_free(e, s->tb[b]);
+  }
+  s->prev->next = s->next;
+  s->next->prev = s->prev;
+  s->ns->n_seqs--;
+  e->st.seqs--;
+  seq_dealloc(e, s);
+}
+
+void kvt_seq_release(kvt_seq *s) {
+  if (!s) return;
+  kvt_engine *e = s->e;
+  pthread_mutex_lock(&e->lock);
+  kvt_seq_free_locked(s);
+  pthread_mutex_unlock(&e->lock);
+}
+
+uint32_t kvt_seq_blocks(const kvt_seq *s) { return s ? s->n_blocks : 0; }
+
+uint32_t kvt_seq_durable(const kvt_seq *s) {
+  (void)s;
+  return 0; /* nothing is durable before the cold tier exists */
+}
+
+/* ---------- append ---------- */
+
+/* Grow s to hold one more block. Allocates before taking anything over,
+ * so a failure leaves s as it was. Called without the lock: the arrays
+ * are the sequence's own; the byte counters are atomic. */
+static int seq_reserve(kvt_seq *s) {
+  if (s->n_blocks < s->cap) return 0;
+  kvt_engine *e = s->e;
+  if (s->cap >= e->opt.max_seq_blocks) return KVT_ELIMIT;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  uint32_t cap = s->cap ? s->cap * 2 : 16;
+  if (cap > e->opt.max_seq_blocks) cap = e->opt.max_seq_blocks;
+  void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L));
+  if (!p) return -ENOMEM;
+  kvt_tblk **tb = p;
+  kvt_lblk **lb = (kvt_lblk **)(tb + cap);
+  if (s->n_blocks) {
+    memcpy(tb, s->tb, s->n_blocks * sizeof *tb);
+    memcpy(lb, s->lb, (size_t)s->n_blocks * L * sizeof *lb);
+  }
+  if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, L));
+  s->tb = tb;
+  s->lb = lb;
+  s->cap = cap;
+  return 0;
+}
+
+/* Find or create the token block for key; with the lock held. *spare is a
+ * preallocated entry, consumed (set to NULL) when used. */
+static kvt_tblk *tblk_get(kvt_engine *e, kvt_seq *s, const kvt_key *key, kvt_tblk **spare) {
+  kvt_tblk *tb = kvt_index_find(e, key);
+  if (tb || !*spare) return tb;
+  tb = *spare;
+  *spare = NULL;
+  kvt_index_insert(e, tb);
+  e->n_tblks++;
+  (void)s;
+  return tb;
+}
+
+int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_append_info *info) {
+  if (!s || !tokens) return KVT_ENULL;
+  kvt_engine *e = s->e;
+  kvt_nsrec *ns = s->ns;
+  uint32_t L = ns->desc.shape.n_layers, b = s->n_blocks;
+  if (n_tokens != ns->desc.shape.block_tokens) return KVT_ECOUNT;
+  if (b >= e->opt.max_seq_blocks) return KVT_ELIMIT;
+  kvt_key key;
+  const kvt_key *parent = b ? &s->tb[b - 1]->key : NULL;
+  kvt_key_next(&ns->seed, parent, tokens, n_tokens, &key);
+  const size_t tb_size = sizeof(kvt_tblk) + (size_t)L * sizeof(kvt_lblk *);
+
+  /* Allocate what may be needed first, so a failure changes nothing. */
+  pthread_mutex_lock(&e->lock);
+  int found = kvt_index_find(e, &key) != NULL;
+  pthread_mutex_unlock(&e->lock);
+  kvt_tblk *spare = found ? NULL : kvt_tblk_alloc(e, ns, &key, parent, b), *tb;
+  if (!found && !spare) return -ENOMEM;
+  int rc = seq_reserve(s);
+  if (rc) {
+    kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size);
+    return rc;
+  }
+  pthread_mutex_lock(&e->lock);
+  while (!(tb = tblk_get(e, s, &key, &spare))) { /* it left the index meanwhile */
+    pthread_mutex_unlock(&e->lock);
+    if (!(spare = kvt_tblk_alloc(e, ns, &key, parent, b))) return -ENOMEM;
+    pthread_mutex_lock(&e->lock);
+  }
+  tb->seq_refs++;
+  s->tb[b] = tb;
+  uint32_t present = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    kvt_lblk *lb = tb->layers[l];
+    s->lb[(size_t)b * L + l] = lb;
+    if (lb) {
+      kvt_lblk_ref(e, lb);
+      kvt_tier_lru_touch(&e->tier[lb->tier], lb);
+      present++;
+    }
+  }
+  e->st.dedup_hits += present;
+  s->n_blocks = b + 1;
+  pthread_mutex_unlock(&e->lock);
+  kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size); /* unused: found it */
+  if (info) {
+    info->block = b;
+    info->layers_present = present;
+    info->key = key;
+  }
+  return 0;
+}
+
+/* ---------- put ---------- */
+
+static int kv_check(const kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
+  const kvt_shape *sh = &s->ns->desc.shape;
+  if (!kv) return KVT_ENULL;
+  if (kv->dtype != sh->dtype) return KVT_EDTYPE;
+  if (kv->n_tokens != sh->block_tokens || kv->n_heads != sh->n_kv_heads ||
+      kv->head_dim != sh->head_dim)
+    return KVT_ESHAPE;
+  if (block >= s->n_blocks || layer >= sh->n_layers) return KVT_ENOTFOUND;
+  if (kvt_meta_only(s->e)) return 0;
+  if (!kv->k || !kv->v) return KVT_ENULL;
+  size_t n = s->ns->bytes_each / kvt_dtype_size(sh->dtype);
+  int rc = kvt_finite_check(kv->k, n, sh->dtype);
+  return rc ? rc : kvt_finite_check(kv->v, n, sh->dtype);
+}
+
+/* b is held by s: with VERIFY_DEDUP compare it with kv, outside the lock
+ * under a pin. Called and returns with the lock held. */
+static void dedup_verify(kvt_engine *e, kvt_lblk *b, const kvt_kv *kv, size_t bytes_each) {
+  if (!(e->opt.flags & KVT_OPEN_VERIFY_DEDUP) || !b->payload) return;
+  kvt_lblk_pin(e, b);
+  pthread_mutex_unlock(&e->lock);
+  int differ = memcmp(b->payload, kv->k, bytes_each) != 0 ||
+               memcmp(b->payload + bytes_each, kv->v, bytes_each) != 0;
+  pthread_mutex_lock(&e->lock);
+  kvt_lblk_unpin(e, b);
+  e->st.dedup_mismatches += (uint64_t)differ;
+}
+
+/* Share the stored layer block b (another sequence's, or one that won a
+ * race). With the lock held. */
+static void put_share(kvt_engine *e, kvt_lblk **slot, kvt_lblk *b, const kvt_kv *kv, size_t each) {
+  kvt_lblk_ref(e, b);
+  kvt_tier_lru_touch(&e->tier[b->tier], b);
+  *slot = b;
+  e->st.dedup_hits++;
+  if (b->tier == KVT_TIER_HOT) dedup_verify(e, b, kv, each);
+}
+
+/* Place a new, filled block nb as (tb, layer) in tier, making room. Making
+ * room in the hot tier may drop the lock, so the slot is checked again
+ * after it. With the lock held; consumes nb. */
+static int put_new(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk **slot, kvt_lblk *nb,
+                   int tier, const kvt_kv *kv, size_t each) {
+  int rc = tier == KVT_TIER_HOT ? kvt_hot_make_room(e, nb->cost)
+                                : kvt_tier_drop_for(e, &e->tier[tier], nb->cost);
+  kvt_lblk *b = tb->layers[layer];
+  if (b || rc) {
+    kvt_lblk_free(&e->mem, e->tier[tier].mem_cat, nb);
+    if (b) { /* someone stored it meanwhile: share theirs */
+      put_share(e, slot, b, kv, each);
+      return 0;
+    }
+    if (rc == KVT_EFULL) e->st.put_full++;
+    return rc;
+  }
+  kvt_publish(e, tb, layer, nb, tier);
+  kvt_lblk_ref(e, nb);
+  *slot = nb;
+  return 0;
+}
+
+/* A block that could never fit the hot tier goes straight to warm. */
+static int born_warm(const kvt_engine *e, size_t each) {
+  return kvt_warm_on(e) &&
+         kvt_lblk_desc_bytes() + kvt_mem_round(2 * each) > e->tier[KVT_TIER_HOT].bytes_limit;
+}
+
+static kvt_lblk *new_hot(kvt_engine *e, const kvt_kv *kv, size_t each) {
+  int with = !kvt_meta_only(e);
+  kvt_lblk *nb = kvt_hot_alloc(&e->mem, 2 * (uint64_t)each, with);
+  if (nb && with) {
+    memcpy(nb->payload, kv->k, each);
+    memcpy(nb->payload + each, kv->v, each);
+  }
+  return nb;
+}
+
+static kvt_lblk *new_warm(kvt_seq *s, uint32_t layer, const kvt_kv *kv) {
+  kvt_engine *e = s->e;
+  kvt_nsrec *ns = s->ns;
+  kvt_warm_form f;
+  int meta = kvt_meta_only(e);
+  pthread_mutex_lock(&e->lock); /* kvt_ns_set_codec() may run meanwhile */
+  int kc = ns->k_codec[layer], vc = ns->v_codec[layer];
+  pthread_mutex_unlock(&e->lock);
+  if (kvt_warm_encode(&e->mem, &ns->lite, meta ? NULL : kv->k, meta ? NULL : kv->v, kc, vc,
+                      kvt_layer_seed(ns, layer), &f))
+    return NULL;
+  kvt_lblk *b = kvt_warm_alloc(&e->mem, 2 * (uint64_t)ns->bytes_each, &f);
+  if (!b && f.payload) kvt_mem_free(&e->mem, KVT_MEM_WARM, f.payload, f.alloc);
+  return b;
+}
+
+int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
+  if (!s) return KVT_ENULL;
+  int rc = kv_check(s, block, layer, kv);
+  if (rc) return rc;
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  size_t each = s->ns->bytes_each;
+  kvt_lblk **slot = &s->lb[(size_t)block * L + layer];
+  kvt_tblk *tb = s->tb[block];
+
+  pthread_mutex_lock(&e->lock);
+  if (*slot) { /* adopted at append, or put before: nothing new to store */
+    e->st.puts++;
+    e->st.dedup_hits++;
+    if ((*slot)->tier == KVT_TIER_HOT) dedup_verify(e, *slot, kv, each);
+    pthread_mutex_unlock(&e->lock);
+    return 0;
+  }
+  if (tb->layers[layer]) {
+    e->st.puts++;
+    put_share(e, slot, tb->layers[layer], kv, each);
+    pthread_mutex_unlock(&e->lock);
+    return 0;
+  }
+  pthread_mutex_unlock(&e->lock);
+
+  /* Allocate and copy (or encode) outside the lock, then publish. */
+  int tier = born_warm(e, each) ? KVT_TIER_WARM : KVT_TIER_HOT;
+  kvt_lblk *nb = tier == KVT_TIER_HOT ? new_hot(e, kv, each) : new_warm(s, layer, kv);
+  if (!nb) return -ENOMEM;
+  pthread_mutex_lock(&e->lock);
+  rc = put_new(e, tb, layer, slot, nb, tier, kv, each);
+  if (!rc) e->st.puts++;
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+/* ---------- reads ---------- */
+
+static void count_read(kvt_engine *e, const kvt_lblk *b) {
+  e->st.reads++;
+  if (b->tier == KVT_TIER_HOT) e->st.reads_exact++;
+  else e->st.reads_approx++;
+}
+
+
+int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *v_out,
+                 size_t bytes_each) {
+  if (!s || !k_out || !v_out) return KVT_ENULL;
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  if (block >= s->n_blocks || layer >= L) return KVT_ENOTFOUND;
+  if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
+  if (bytes_each != s->ns->bytes_each) return KVT_EBUFSIZE;
+  kvt_lblk *b = s->lb[(size_t)block * L + layer];
+  if (!b) return KVT_ENOTFOUND;
+  pthread_mutex_lock(&e->lock);
+  kvt_lblk_pin(e, b);
+  pthread_mutex_unlock(&e->lock);
+  int rc = kvt_lblk_copy_out(s->ns, b, k_out, v_out);
+  pthread_mutex_lock(&e->lock);
+  count_read(e, b);
+  kvt_lblk_unpin(e, b);
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+/* Retained blocks of (s, layer): until the policy layer exists, every
+ * block the sequence references in that layer. */
+static size_t retained_count(const kvt_seq *s, uint32_t layer) {
+  uint32_t L = s->ns->desc.shape.n_layers;
+  size_t n = 0;
+  for (uint32_t b = 0; b < s->n_blocks; b++) n += s->lb[(size_t)b * L + layer] != NULL;
+  return n;
+}
+
+static void pin_layer(kvt_seq *s, uint32_t layer, int pin) {
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    kvt_lblk *lb = s->lb[(size_t)b * L + layer];
+    if (!lb) continue;
+    if (pin) kvt_lblk_pin(e, lb);
+    else kvt_lblk_unpin(e, lb);
+  }
+}
+
+int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t *bytes_each,
+                   kvt_gathered *blocks, size_t max_blocks, size_t *n_blocks) {
+  if (!s || !bytes_each || !n_blocks) return KVT_ENULL;
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  if (layer >= L) return KVT_ENOTFOUND;
+  size_t each = s->ns->bytes_each, n = retained_count(s, layer), need = n * each;
+  *n_blocks = n;
+  if (!k_out) {
+    *bytes_each = need;
+    return 0;
+  }
+  if (!v_out) return KVT_ENULL;
+  if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
+  if (*bytes_each < need || (blocks && max_blocks < n)) {
+    *bytes_each = need;
+    return KVT_EBUFSIZE;
+  }
+  pthread_mutex_lock(&e->lock);
+  pin_layer(s, layer, 1);
+  pthread_mutex_unlock(&e->lock);
+  size_t i = 0;
+  uint32_t bt = s->ns->desc.shape.block_tokens;
+  int rc = 0;
+  for (uint32_t b = 0; b < s->n_blocks && !rc; b++) {
+    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
+    if (!lb) continue;
+    rc = kvt_lblk_copy_out(s->ns, lb, (uint8_t *)k_out + i * each, (uint8_t *)v_out + i * each);
+    if (blocks)
+      blocks[i] = (kvt_gathered){.block = b, .token_pos = b * bt, .tier = lb->tier,
+                                 .exact = lb->tier == KVT_TIER_HOT};
+    i++;
+  }
+  pthread_mutex_lock(&e->lock);
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
+    if (lb) count_read(e, lb);
+  }
+  pin_layer(s, layer, 0);
+  pthread_mutex_unlock(&e->lock);
+  *bytes_each = need;
+  return rc;
+}
+
+/* ---------- loads ---------- */
+
+void kvt_load_free_locked(kvt_load *ld) {
+  kvt_engine *e = ld->e;
+  for (size_t i = 0; i < ld->n; i++)
+    if (ld->blk[i]) kvt_lblk_unpin(e, ld->blk[i]);
+  ld->prev->next = ld->next;
+  ld->next->prev = ld->prev;
+  ld->ns->n_loads--;
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld->blk, ld->n * sizeof *ld->blk);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld, sizeof *ld);
+}
+
+static int load_req_check(const kvt_load_req *r, size_t each, uint32_t L) {
+  if (!r->k_out || !r->v_out) return KVT_ENULL;
+  if (r->bytes_each != each) return KVT_EBUFSIZE;
+  return r->layer < L ? 0 : KVT_ENOTFOUND;
+}
+
+int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, kvt_load **out) {
+  if (!e || !reqs || !out) return KVT_ENULL;
+  *out = NULL;
+  if (n == 0 || n > e->opt.max_load_reqs) return KVT_ECOUNT;
+  if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
+  kvt_load *ld = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, sizeof *ld);
+  kvt_lblk **blk = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, n * sizeof *blk);
+  if (!ld || !blk) {
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld, sizeof *ld);
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, n * sizeof *blk);
+    return -ENOMEM;
+  }
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_get(e, id);
+  if (!ns) {
+    pthread_mutex_unlock(&e->lock);
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld, sizeof *ld);
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, n * sizeof *blk);
+    return KVT_ENOTFOUND;
+  }
+  uint32_t L = ns->desc.shape.n_layers;
+  for (size_t i = 0; i < n; i++) {
+    kvt_load_req *r = &reqs[i];
+    r->tier = KVT_TIER_NONE;
+    r->status = load_req_check(r, ns->bytes_each, L);
+    if (r->status) continue;
+    kvt_tblk *tb = kvt_index_find(e, &r->key);
+    kvt_lblk *b = (tb && tb->ns == ns) ? tb->layers[r->layer] : NULL;
+    if (!b) {
+      r->status = KVT_ENOTFOUND;
+      continue;
+    }
+    kvt_lblk_pin(e, b);
+    kvt_tier_lru_touch(&e->tier[b->tier], b);
+    blk[i] = b;
+  }
+  *ld = (kvt_load){.e = e, .ns = ns, .reqs = reqs, .blk = blk, .n = n};
+  ld->next = e->loads.next;
+  ld->prev = &e->loads;
+  e->loads.next->prev = ld;
+  e->loads.next = ld;
+  ns->n_loads++;
+  pthread_mutex_unlock(&e->lock);
+  *out = ld;
+  return 0;
+}
+
+int kvt_load_wait(kvt_load *ld, size_t *n_ok) {
+  if (!ld) return KVT_ENULL;
+  kvt_engine *e = ld->e;
+  size_t ok = 0;
+  int first = 0;
+  for (size_t i = 0; i < ld->n; i++) {
+    kvt_load_req *r = &ld->reqs[i];
+    if (ld->blk[i]) {
+      r->status = kvt_lblk_copy_out(ld->ns, ld->blk[i], r->k_out, r->v_out);
+      r->tier = ld->blk[i]->tier;
+      ok += r->status == 0;
+    }
+    if (r->status && !first) first = r->status;
+  }
+  pthread_mutex_lock(&e->lock);
+  for (size_t i = 0; i < ld->n; i++)
+    if (ld->blk[i] && ld->reqs[i].status == 0) count_read(e, ld->blk[i]);
+  kvt_load_free_locked(ld);
+  pthread_mutex_unlock(&e->lock);
+  if (n_ok) *n_ok = ok;
+  return first;
+}

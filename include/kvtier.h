@@ -1,0 +1,515 @@
+/* kvtier.h - the whole public API of kvtier, a tiered store for the
+ * key/value cache of transformer language models.
+ *
+ * Every function returns 0 on success or a negative code: -errno for system
+ * errors (-ENOMEM, -EIO, ...) and KVT_E* for kvtier's own, in the reserved
+ * range [KVT_E_LAST, KVT_E_FIRST]. kvt_strerror() explains either kind. The
+ * library never prints, never exits and keeps no global state; the caller
+ * owns every pointer it passes in, and a call keeps none of them after it
+ * returns unless its documentation says so.
+ *
+ * Words used below (see docs/format.md and DESIGN.md section 2):
+ *  - namespace: one model producing KV (model id, weights fingerprint, RoPE,
+ *    tensor-parallel rank/size) and its shape (layers, KV heads, head dim,
+ *    dtype, tokens per block).
+ *  - token block: block_tokens consecutive tokens; its 128-bit key chains the
+ *    keys of all blocks before it, so equal prefixes give equal keys.
+ *  - layer block: the K and V of one token block in one layer, each laid out
+ *    [token][kv_head][head_dim] in the namespace dtype.
+ *  - reference: a sequence that holds a layer block keeps it alive; it is
+ *    never dropped while referenced.
+ *  - pin: held by the library itself while it copies a payload outside its
+ *    lock; a pinned block cannot change tier or be freed.
+ *  - retained: the blocks of (sequence, layer) that attention runs over.
+ *    Until the policy layer exists every referenced block is retained.
+ *
+ * Threads: one engine may be used from several threads at once. A single
+ * sequence must not be used from two threads at the same time (as with an
+ * LMDB transaction); different sequences may.
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVT_VERSION_MAJOR 0
+#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_PATCH 0
+
+/** @defgroup errors Return codes
+ * kvtier's own codes; system errors are returned as -errno.
+ * @{ */
+#define KVT_E_FIRST     (-30900)
+#define KVT_ESHAPE      (-30900) /**< tokens, heads or head_dim differ from the namespace */
+#define KVT_EDTYPE      (-30901) /**< dtype differs from the namespace, or is unknown */
+#define KVT_ECOUNT      (-30902) /**< a count is zero, too large, or not what the call needs */
+#define KVT_ENULL       (-30903) /**< a required pointer is NULL */
+#define KVT_ENONFINITE  (-30904) /**< K or V holds NaN or infinity */
+#define KVT_EFULL       (-30905) /**< every tier is full and all it holds is referenced */
+#define KVT_ELOCKED     (-30906) /**< another process has the store open for writing */
+#define KVT_ERDONLY     (-30907) /**< the engine was opened read-only */
+#define KVT_ENOTFOUND   (-30908) /**< no such namespace, block or layer */
+#define KVT_ENSCONFLICT (-30909) /**< namespace exists with a different shape */
+#define KVT_EOPTION     (-30910) /**< an option is out of range or inconsistent */
+#define KVT_ESTATE      (-30911) /**< call out of order for the object's state */
+#define KVT_EBUSY       (-30912) /**< object still in use (open sequences, pending loads) */
+#define KVT_EBUFSIZE    (-30913) /**< caller buffer size is not what the call needs */
+#define KVT_ENOPAYLOAD  (-30914) /**< metadata-only engine: blocks carry no payload */
+#define KVT_ELIMIT      (-30915) /**< a fixed limit set at open was reached */
+#define KVT_ECORRUPT    (-30916) /**< stored data failed a check */
+#define KVT_EVERSION    (-30917) /**< stored data has a format version this build cannot read */
+#define KVT_E_LAST      (-30917)
+/** @} */
+
+/** Explain a return code: a KVT_E* code, -errno, or 0. Never NULL; the
+ * string is static. */
+const char *kvt_strerror(int err);
+
+/** @defgroup types Types
+ * @{ */
+typedef struct kvt_engine kvt_engine; /**< an open store */
+typedef struct kvt_seq kvt_seq;       /**< one agent's context */
+typedef struct kvt_load kvt_load;     /**< a batch of submitted loads */
+typedef uint32_t kvt_ns_id;           /**< a registered namespace */
+
+/** A token-block key: XXH3-128 in canonical (big-endian) byte order. */
+typedef struct kvt_key {
+  uint8_t b[16];
+} kvt_key;
+
+typedef enum kvt_dtype {
+  KVT_F32 = 1,
+  KVT_F16 = 2,
+  KVT_BF16 = 3,
+} kvt_dtype;
+
+typedef enum kvt_tier {
+  KVT_TIER_NONE = 0, /**< not stored */
+  KVT_TIER_HOT = 1,  /**< RAM, input precision */
+  KVT_TIER_WARM = 2, /**< RAM, quantized (warm-tier issue) */
+  KVT_TIER_COLD = 3, /**< NVMe (cold-tier issue) */
+} kvt_tier;
+
+#define KVT_N_TIERS 4
+
+/** Warm-tier codecs (docs/format.md, "Warm encodings"). */
+typedef enum kvt_codec_id {
+  KVT_CODEC_NONE = 0,
+  KVT_CODEC_K8 = 1,  /**< keys: int8, one f16 scale per (token, head) (default) */
+  KVT_CODEC_K8C = 2, /**< keys: int8, one f16 scale per (head, channel) over the block */
+  KVT_CODEC_K4 = 3,  /**< keys: 4-bit, one f16 scale per (token, head) */
+  KVT_CODEC_V2 = 4,  /**< values: Hadamard-rotated Lloyd-Max 2-bit, f16 norm */
+  KVT_CODEC_V3 = 5,  /**< values: the same, 3-bit (default) */
+  KVT_CODEC_V4 = 6,  /**< values: the same, 4-bit */
+} kvt_codec_id;
+
+/** The shape a codec works on: one K or V tensor of a layer block,
+ * [n_tokens][n_heads][head_dim]. The seed picks the random sign diagonal of
+ * the value codecs' rotation (kvtier uses one per namespace and layer). */
+typedef struct kvt_codec_shape {
+  uint32_t n_tokens;
+  uint32_t n_heads;
+  uint32_t head_dim;
+  uint32_t pad;
+  uint64_t seed;
+} kvt_codec_shape;
+
+/** Apply to every layer in kvt_ns_set_codec(). */
+#define KVT_ALL_LAYERS UINT32_MAX
+
+/** The shape of the KV a namespace produces. */
+typedef struct kvt_shape {
+  uint32_t n_layers;     /**< 1 .. KVT_MAX_LAYERS */
+  uint32_t n_kv_heads;   /**< KV heads of this tensor-parallel rank, 1 .. KVT_MAX_HEADS */
+  uint32_t head_dim;     /**< 1 .. KVT_MAX_HEAD_DIM */
+  uint32_t dtype;        /**< a kvt_dtype */
+  uint32_t block_tokens; /**< power of two, 1 .. KVT_MAX_BLOCK_TOKENS */
+} kvt_shape;
+
+#define KVT_MAX_LAYERS 1024u
+#define KVT_MAX_HEADS 1024u
+#define KVT_MAX_HEAD_DIM 1024u
+#define KVT_MAX_BLOCK_TOKENS 4096u
+#define KVT_MAX_BLOCK_BYTES (256u << 20) /**< K plus V of one layer block */
+#define KVT_MAX_ID_LEN 255u              /**< model id, fingerprint, rope scaling */
+
+/** Everything that decides whether two producers' KV is interchangeable. */
+typedef struct kvt_ns_desc {
+  const char *model_id;           /**< e.g. "meta-llama/Llama-3.1-8B"; required */
+  const char *weights_fingerprint;/**< e.g. a SHA-256 of the weights; required */
+  double rope_theta;              /**< RoPE base; 0 when the model has none */
+  uint32_t rope_dims;             /**< rotated dims per head; 0 = head_dim */
+  const char *rope_scaling;       /**< canonical text of any RoPE scaling, or NULL */
+  uint32_t tp_rank;               /**< tensor-parallel rank, < tp_size */
+  uint32_t tp_size;               /**< tensor-parallel size, >= 1 */
+  kvt_shape shape;
+} kvt_ns_desc;
+
+/** Options for kvt_engine_open(). Fill with kvt_options_init() first.
+ * The warm tier exists when its limit is above 0: then a put that finds
+ * the hot tier full demotes its least recently used blocks to warm
+ * (encoded); warm drops unreferenced blocks LRU-first. */
+typedef struct kvt_options {
+  uint64_t tier_bytes_limit[KVT_N_TIERS]; /**< hard byte limit per tier (index by kvt_tier) */
+  uint32_t flags;                 /**< KVT_OPEN_* */
+  uint32_t max_seqs;              /**< open sequences at once */
+  uint32_t max_namespaces;        /**< registered namespaces */
+  uint32_t max_seq_blocks;        /**< token blocks in one sequence */
+  uint32_t max_load_reqs;         /**< requests in one kvt_load_submit() */
+  double tier_load_gbps[KVT_N_TIERS]; /**< bandwidth used for load-time estimates */
+  double tier_load_latency_us[KVT_N_TIERS]; /**< fixed cost per block in estimates */
+  uint64_t test_fail_alloc_after; /**< testing: fail the Nth allocation (0 = never) */
+} kvt_options;
+
+/** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
+#define KVT_OPEN_RDONLY 0x1u
+/** On a dedup hit, compare the new content with the stored one and count
+ * differences in kvt_stats.dedup_mismatches (the stored copy is kept). */
+#define KVT_OPEN_VERIFY_DEDUP 0x2u
+/** Metadata-only: blocks carry sizes, not payloads; puts take NULL data and
+ * reads fail with KVT_ENOPAYLOAD. For capacity planning (kvtier plan). */
+#define KVT_OPEN_METADATA_ONLY 0x4u
+/** Do not create the directory when it does not exist. */
+#define KVT_OPEN_NOCREATE 0x8u
+
+/** K and V of one layer block, as the caller holds them. */
+typedef struct kvt_kv {
+  const void *k;        /**< [n_tokens][n_heads][head_dim]; NULL only in metadata-only mode */
+  const void *v;        /**< same layout as k */
+  uint32_t dtype;       /**< must equal the namespace dtype */
+  uint32_t n_tokens;    /**< must equal block_tokens */
+  uint32_t n_heads;     /**< must equal n_kv_heads */
+  uint32_t head_dim;    /**< must equal head_dim */
+} kvt_kv;
+
+/** What kvt_seq_append() found. */
+typedef struct kvt_append_info {
+  uint32_t block;          /**< index of the appended token block in the sequence */
+  uint32_t layers_present; /**< layers already stored (adopted; no put needed) */
+  kvt_key key;             /**< the token block's key */
+} kvt_append_info;
+
+/** One token block found by kvt_lookup(). */
+typedef struct kvt_lookup_entry {
+  kvt_key key;
+  uint32_t tier;         /**< slowest tier any of its layers is in (kvt_tier) */
+  uint32_t pad;
+  double est_load_us;    /**< estimated time to load all its layers */
+} kvt_lookup_entry;
+
+/** One block gathered by kvt_seq_gather(). */
+typedef struct kvt_gathered {
+  uint32_t block;        /**< index of the token block in the sequence */
+  uint32_t token_pos;    /**< position of its first token (block * block_tokens) */
+  uint32_t tier;         /**< tier it was read from (kvt_tier) */
+  uint32_t exact;        /**< 1 when the bytes are the stored input precision */
+} kvt_gathered;
+
+/** One layer-block load for kvt_load_submit(). */
+typedef struct kvt_load_req {
+  kvt_key key;           /**< token block key */
+  uint32_t layer;
+  uint32_t pad;
+  void *k_out;           /**< caller buffer of bytes_each bytes */
+  void *v_out;           /**< caller buffer of bytes_each bytes */
+  size_t bytes_each;     /**< must equal one layer block's K (or V) size */
+  int status;            /**< out: 0, or why this request failed */
+  uint32_t tier;         /**< out: tier it was loaded from */
+} kvt_load_req;
+
+/** Counters and gauges. Bytes come from the engine's own accounting of every
+ * byte it allocated, not from a formula. */
+typedef struct kvt_stats {
+  uint64_t tier_blocks[KVT_N_TIERS]; /**< layer blocks held per tier */
+  uint64_t tier_bytes[KVT_N_TIERS];  /**< bytes allocated per tier (payload + descriptor);
+                                          metadata-only: payloads counted as if present */
+  uint64_t tier_limit[KVT_N_TIERS];  /**< the limits in force */
+  uint64_t index_bytes;      /**< hash table and token-block entries */
+  uint64_t seq_bytes;        /**< sequence state */
+  uint64_t other_bytes;      /**< namespaces, loads, engine */
+  uint64_t total_bytes;      /**< every byte the engine has allocated */
+  uint64_t logical_bytes;    /**< payload bytes as the sequences see them (each reference counted) */
+  uint64_t dedup_saved_bytes;/**< payload bytes not stored because blocks are shared */
+  uint64_t token_blocks;     /**< distinct token blocks known in RAM */
+  uint64_t namespaces;
+  uint64_t seqs;             /**< open sequences */
+  uint64_t puts;             /**< layer-block puts */
+  uint64_t dedup_hits;       /**< layer blocks found stored by a put or an append
+                                  (an append counts each layer it adopts) */
+  uint64_t dedup_mismatches; /**< dedup hits whose content differed (KVT_OPEN_VERIFY_DEDUP) */
+  uint64_t lookups;          /**< kvt_lookup() calls */
+  uint64_t lookup_blocks_hit;  /**< token blocks found by lookups */
+  uint64_t lookup_blocks_miss; /**< full token blocks asked for and not found */
+  uint64_t reads;            /**< layer blocks copied out (read, gather, load) */
+  uint64_t reads_exact;      /**< of which were exact */
+  uint64_t evictions[KVT_N_TIERS]; /**< unreferenced blocks dropped per tier */
+  uint64_t put_full;         /**< puts refused with KVT_EFULL */
+  uint64_t demotions;        /**< layer blocks moved hot -> warm (encoded) */
+  uint64_t reads_approx;     /**< layer blocks read from their quantized form */
+  uint64_t attends;          /**< kvt_seq_attend() calls */
+} kvt_stats;
+/** @} */
+
+/** @defgroup engine Engine
+ * @{ */
+
+/** Fill opt with the defaults: hot 1 GiB, warm 0 (no warm tier), cold 0
+ * (the cold tier does not exist yet), 4096 sequences, 256 namespaces, 1M
+ * blocks per sequence, 65536 load requests per batch. */
+void kvt_options_init(kvt_options *opt);
+
+/** Open the store in directory dir, creating it unless KVT_OPEN_NOCREATE.
+ * A writer holds an exclusive flock() on dir/LOCK until kvt_engine_close();
+ * the kernel drops it when the process dies, so a killed writer leaves no
+ * stale lock. A read-only open takes no lock.
+ * @param opt may be NULL for the defaults; copied, not kept.
+ * @param out receives the engine; on failure set to NULL.
+ * @return 0; KVT_ENULL; KVT_EOPTION; KVT_ELOCKED when another process holds
+ *   the store for writing; -ENOENT (read-only or NOCREATE, no directory);
+ *   -ENOMEM; other -errno from the file system. */
+int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
+
+/** Close the engine and free everything it holds, sequences and pending
+ * loads included (their handles become invalid). Accepts NULL. */
+void kvt_engine_close(kvt_engine *e);
+
+/** Make every block written so far durable. Until the cold tier exists
+ * there is nothing to make durable: returns 0 and watermarks stay at 0.
+ * @return 0; KVT_ENULL; KVT_ERDONLY. */
+int kvt_sync(kvt_engine *e);
+
+/** Copy the counters into *st. @return 0; KVT_ENULL. */
+int kvt_stats_get(kvt_engine *e, kvt_stats *st);
+
+/** @} */
+
+/** @defgroup ns Namespaces and keys
+ * @{ */
+
+/** Register a namespace, or find it when one with the same identity (model
+ * id, fingerprint, RoPE, TP rank and size) exists with the same shape.
+ * rope_dims 0 means head_dim (so with rope_dims 0 a different head_dim is
+ * a different identity); a NULL rope_scaling is the same as "". Ids of
+ * dropped namespaces are refused (a 16-bit generation per slot).
+ * @return 0; KVT_ENULL (desc, out, model id or fingerprint NULL);
+ *   KVT_EOPTION for a bad descriptor (empty or too long strings, tp_rank >=
+ *   tp_size, rope_theta negative or not finite, rope_dims > head_dim);
+ *   KVT_ESHAPE, KVT_EDTYPE for an invalid shape; KVT_ENSCONFLICT when it
+ *   exists with another shape; KVT_ELIMIT; KVT_ERDONLY; -ENOMEM. */
+int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *desc, kvt_ns_id *out);
+
+/** The shape of a namespace. @return 0; KVT_ENULL; KVT_ENOTFOUND. */
+int kvt_ns_shape(kvt_engine *e, kvt_ns_id ns, kvt_shape *out);
+
+/** Drop a namespace and every block it stored (a model upgrade must not
+ * leave stale KV). @return 0; KVT_ENOTFOUND; KVT_EBUSY while sequences of
+ * it are open or loads pending; KVT_ERDONLY. */
+int kvt_ns_drop(kvt_engine *e, kvt_ns_id ns);
+
+/** Choose the warm codecs of one layer (or KVT_ALL_LAYERS) of ns: a key
+ * codec (K8, K8C, K4) and a value codec (V2, V3, V4). Applies to blocks
+ * demoted from now on; blocks already warm keep the codecs they were
+ * encoded with. Default: K8 and V3.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_EOPTION (wrong kind of codec). */
+int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id ns, uint32_t layer, int k_codec, int v_codec);
+
+/** Parse a codec pair such as "k8v3", "k8cv3", "k4v2" (key codec name then
+ * value codec name). @return 0; KVT_ENULL; KVT_EOPTION. */
+int kvt_codec_parse(const char *name, int *k_codec, int *v_codec);
+
+/** The name of a codec ("k8", "v3", ...), or NULL for an unknown id. */
+const char *kvt_codec_name(int codec);
+
+/** Bytes of one tensor of shape s encoded with codec (header included), or
+ * 0 for an unknown codec or a shape out of range. */
+size_t kvt_codec_size(int codec, const kvt_codec_shape *s);
+
+/** Encode one tensor (dtype KVT_F32, KVT_F16 or KVT_BF16) into out.
+ * Deterministic: the same input, shape and seed give the same bytes on
+ * every machine, with or without AVX2.
+ * @return bytes written; KVT_EOPTION (codec); KVT_ESHAPE; KVT_ENULL;
+ *   KVT_EDTYPE; KVT_EBUFSIZE (out_len < kvt_codec_size()). */
+int64_t kvt_codec_encode(int codec, const kvt_codec_shape *s, const void *in, uint32_t dtype,
+                         uint8_t *out, size_t out_len);
+
+/** Check an encoded tensor: header, length, scales and codes. Never reads
+ * outside in[0..in_len). @return 0; KVT_ECORRUPT. */
+int kvt_codec_check(int codec, const kvt_codec_shape *s, const uint8_t *in, size_t in_len);
+
+/** Check, then dequantize into out (n_tokens * n_heads * head_dim values
+ * of dtype). @return 0; KVT_ECORRUPT (nothing written); KVT_EDTYPE; KVT_ENULL. */
+int kvt_codec_decode(int codec, const kvt_codec_shape *s, const uint8_t *in, size_t in_len,
+                     void *out, uint32_t dtype);
+
+/** The namespace seed: 16 bytes that start every key chain of ns.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND. */
+int kvt_ns_seed(kvt_engine *e, kvt_ns_id ns, kvt_key *out);
+
+/** Keys of the full token blocks of tokens[0..n_tokens): n_tokens /
+ * block_tokens keys are written to keys (a trailing partial block has no
+ * key). Pure function of the seed and the tokens (docs/format.md).
+ * @param max_keys capacity of keys.
+ * @param n_keys receives the number written.
+ * @return 0; KVT_ENULL; KVT_ECOUNT when keys is too small; KVT_ENOTFOUND. */
+int kvt_keys(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t n_tokens,
+             kvt_key *keys, size_t max_keys, size_t *n_keys);
+
+/** The key chain primitive, usable without an engine: key of the token
+ * block that follows prev (NULL for the first block). */
+void kvt_key_next(const kvt_key *seed, const kvt_key *prev, const uint32_t *tokens,
+                  uint32_t block_tokens, kvt_key *out);
+
+/** Drop the token blocks of the full blocks of tokens, and every stored
+ * block that extends the whole prefix (whose chain passes through its last
+ * block), in every layer. Blocks that share only part of the prefix are
+ * not dropped, but lose their chain head, so lookups no longer reach them.
+ * Blocks still referenced by sequences stay with those sequences but are
+ * no longer found by lookups, loads or dedup.
+ * @param dropped may be NULL; receives the number of token blocks dropped.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_ECOUNT (fewer than one block);
+ *   KVT_ERDONLY. */
+int kvt_drop_prefix(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t n_tokens,
+                    uint64_t *dropped);
+
+/** @} */
+
+/** @defgroup lookup Prefix lookup and loads
+ * @{ */
+
+/** How many leading full token blocks of tokens are stored in every layer.
+ * For each, up to max_out entries give its key, tier and estimated load
+ * time. A hit refreshes the blocks' recency.
+ * @param out may be NULL when max_out is 0.
+ * @param n_found receives the number of leading blocks stored (may exceed max_out).
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (namespace). */
+int kvt_lookup(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t n_tokens,
+               kvt_lookup_entry *out, size_t max_out, size_t *n_found);
+
+/** Submit loads of layer blocks into caller buffers. The blocks found are
+ * pinned until kvt_load_wait(), so they cannot leave RAM in between;
+ * hot blocks are copied by kvt_load_wait() outside the engine lock, cold
+ * reads (cold-tier issue) are submitted to the device here.
+ * The reqs array is kept by the library until kvt_load_wait() returns and
+ * must stay valid until then; statuses are written there.
+ * @return 0 (per-request failures are reported in reqs[i].status by wait);
+ *   KVT_ENULL; KVT_ECOUNT (0 or more than max_load_reqs); KVT_ENOTFOUND
+ *   (namespace); KVT_ENOPAYLOAD; -ENOMEM. */
+int kvt_load_submit(kvt_engine *e, kvt_ns_id ns, kvt_load_req *reqs, size_t n, kvt_load **out);
+
+/** Complete a batch: copy (dequantizing warm blocks), unpin, fill
+ * reqs[i].status (0, KVT_ENOTFOUND, KVT_EBUFSIZE, KVT_ENULL, KVT_ECORRUPT)
+ * and .tier, free the batch.
+ * @param n_ok may be NULL; receives how many requests succeeded.
+ * @return 0 when every request succeeded, else the first failing status
+ *   in request order. */
+int kvt_load_wait(kvt_load *ld, size_t *n_ok);
+
+/** @} */
+
+/** @defgroup seq Sequences
+ * @{ */
+
+/** A new, empty sequence in namespace ns.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_ELIMIT (max_seqs); KVT_ERDONLY; -ENOMEM. */
+int kvt_seq_create(kvt_engine *e, kvt_ns_id ns, kvt_seq **out);
+
+/** A new sequence sharing the first n_blocks token blocks of parent (all of
+ * them when n_blocks is UINT32_MAX): it references the same layer blocks,
+ * nothing is copied. @return 0; KVT_ENULL; KVT_ECOUNT (n_blocks > parent's);
+ * KVT_ELIMIT; -ENOMEM. */
+int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out);
+
+/** Release a sequence: drop its references (blocks stay cached until space
+ * is needed) and free it. Accepts NULL. */
+void kvt_seq_release(kvt_seq *s);
+
+/** Token blocks in the sequence. */
+uint32_t kvt_seq_blocks(const kvt_seq *s);
+
+/** The durable watermark: how many leading token blocks of s are durable
+ * in every layer. 0 until the cold tier exists. */
+uint32_t kvt_seq_durable(const kvt_seq *s);
+
+/** Append exactly one token block (n_tokens == block_tokens). Layers whose
+ * block is already stored are adopted at once (referenced; put optional).
+ * @param info may be NULL.
+ * @return 0; KVT_ENULL; KVT_ECOUNT (n_tokens != block_tokens);
+ *   KVT_ELIMIT (max_seq_blocks); -ENOMEM. No state change on failure. */
+int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_append_info *info);
+
+/** Put K and V of token block `block` in layer `layer`. When the layer
+ * block is stored already (another sequence, or adopted at append), nothing
+ * new is stored: the sequence references the stored copy (content compared
+ * with KVT_OPEN_VERIFY_DEDUP when the stored copy is hot). To make room,
+ * unreferenced blocks are dropped LRU-first; with a warm tier the least
+ * recently used hot blocks are demoted instead (they stay referenced and
+ * readable, approximately). A block that can never fit the hot tier (hot
+ * limit below one block) is encoded straight into warm. A put refused with
+ * KVT_EFULL may have demoted blocks; it never drops a referenced one.
+ * @return 0; KVT_ENULL; KVT_EDTYPE; KVT_ESHAPE; KVT_ENONFINITE;
+ *   KVT_ENOTFOUND (block not appended, or layer out of range); KVT_EFULL
+ *   when the tiers cannot hold it and everything left is referenced;
+ *   -ENOMEM. No state change on failure, except the demotions above. */
+int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv);
+
+/** Copy one layer block out: bytes_each bytes of K to k_out and of V to
+ * v_out (bytes_each = block_tokens * n_kv_heads * head_dim * dtype size).
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (not appended, or layer not put);
+ *   KVT_EBUFSIZE; KVT_ENOPAYLOAD. */
+int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *v_out,
+                 size_t bytes_each);
+
+/** Gather every retained block of (s, layer), in block order, into k_out
+ * and v_out: block i's tokens follow block i-1's, each [t][h][d]. Warm
+ * blocks are dequantized into the buffers (blocks[i].exact == 0).
+ * Size query: with k_out == NULL, only *n_blocks and *bytes_each are set.
+ * @param blocks may be NULL; else max_blocks entries say which block each
+ *   gathered slice came from, its token position and tier.
+ * @param n_blocks receives the number of blocks gathered (or that would be).
+ * @param bytes_each in: capacity of k_out and v_out; out: bytes written
+ *   (or needed). @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_EBUFSIZE
+ *   when a buffer or blocks is too small (nothing is written); KVT_ENOPAYLOAD. */
+int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t *bytes_each,
+                   kvt_gathered *blocks, size_t max_blocks, size_t *n_blocks);
+
+/** Attention of one query over the retained blocks of (s, layer): exact on
+ * hot blocks, on the quantized data in place for warm blocks (int8 dot
+ * products for keys; values accumulated in the rotated domain and rotated
+ * back once per head). The query is at a position after every retained
+ * token, so no mask applies. Grouped-query attention: query head i uses KV
+ * head i / (n_q_heads / n_kv_heads).
+ * @param q [n_q_heads][head_dim] f32.
+ * @param n_q_heads a multiple of n_kv_heads, at most KVT_MAX_HEADS * 64.
+ * @param scale score scale; 0 means 1 / sqrt(head_dim).
+ * @param out [n_q_heads][head_dim] f32: softmax-weighted values (zeros when
+ *   nothing is retained).
+ * @param lse may be NULL; else [n_q_heads]: log of the softmax denominator
+ *   (natural log, including the max), -INFINITY when nothing is retained,
+ *   so a caller can merge this with attention over tokens it holds itself.
+ * @param block_mass may be NULL; else max_blocks entries: the attention
+ *   mass each retained block received, in block order, summed over query
+ *   heads (what kvt's policy layer observes).
+ * @param n_blocks receives the number of retained blocks.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_ECOUNT (n_q_heads);
+ *   KVT_EBUFSIZE (max_blocks too small; nothing computed); KVT_ENOPAYLOAD;
+ *   KVT_ECORRUPT (a warm payload failed its check); -ENOMEM. */
+int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                   float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks);
+
+/** @} */
+
+/** Size of one element of dtype in bytes, 0 for an unknown dtype. */
+size_t kvt_dtype_size(uint32_t dtype);
+
+/** Bytes of K (equally of V) in one layer block of shape s. */
+size_t kvt_shape_block_bytes(const kvt_shape *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_H */

@@ -1,0 +1,43 @@
+/* lockdir.c - the store directory and its single-writer lock.
+ * flock() rather than fcntl() locks: an flock belongs to the open file
+ * description, so it is not lost when another descriptor on the same file
+ * is closed, and it dies with the process, so SIGKILL leaves no stale lock. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io/io.h"
+#include "kvtier.h"
+
+static int dir_check(const char *dir, int create) {
+  struct stat st;
+  if (stat(dir, &st) == 0) return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+  if (errno != ENOENT || !create) return -errno;
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -errno;
+  return 0;
+}
+
+int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd) {
+  *lock_fd = -1;
+  int rc = dir_check(dir, create && !rdonly);
+  if (rc || rdonly) return rc;
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path) return -ENAMETOOLONG;
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return -errno;
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    rc = (errno == EWOULDBLOCK) ? KVT_ELOCKED : -errno;
+    close(fd);
+    return rc;
+  }
+  *lock_fd = fd;
+  return 0;
+}
+
+void kvt_io_dir_close(int lock_fd) {
+  if (lock_fd >= 0) close(lock_fd); /* closing the last descriptor drops the flock */
+}

@@ -1,0 +1,214 @@
+/* codec.c - the codec registry, the 16-byte header, dtype conversion and
+ * the choice between scalar and AVX2/F16C kernels (cpuid, once). */
+#include <math.h>
+#include <string.h>
+
+#include "kvtier.h"
+#include "tiers/codec_impl.h"
+
+#include <immintrin.h>
+
+static const kvt_codec codecs[KVT_CODEC_MAX + 1] = {
+  [KVT_CODEC_K8] = {KVT_CODEC_K8, "k8", 0, 8},
+  [KVT_CODEC_K8C] = {KVT_CODEC_K8C, "k8c", 0, 8},
+  [KVT_CODEC_K4] = {KVT_CODEC_K4, "k4", 0, 4},
+  [KVT_CODEC_V2] = {KVT_CODEC_V2, "v2", 1, 2},
+  [KVT_CODEC_V3] = {KVT_CODEC_V3, "v3", 1, 3},
+  [KVT_CODEC_V4] = {KVT_CODEC_V4, "v4", 1, 4},
+};
+
+const kvt_codec *kvt_codec_get(int id) {
+  return (id >= 1 && id <= KVT_CODEC_MAX) ? &codecs[id] : NULL;
+}
+
+const kvt_codec *kvt_codec_by_name(const char *name) {
+  for (int i = 1; name && i <= KVT_CODEC_MAX; i++)
+    if (strcmp(codecs[i].name, name) == 0) return &codecs[i];
+  return NULL;
+}
+
+/* ---------- kernel level ---------- */
+
+int kvt_codec_level = -1;
+
+/* Decided once when the library is loaded, so no call races to set it. */
+__attribute__((constructor)) static void level_ctor(void) { kvt_codec_force(-1); }
+
+int kvt_codec_simd(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+void kvt_codec_force(int level) {
+  int simd = kvt_codec_simd();
+  kvt_codec_level = level < 0 ? simd : (level > 0 && simd);
+}
+
+static void level_init(void) {
+  if (kvt_codec_level < 0) kvt_codec_force(-1);
+}
+
+/* ---------- scalar conversions ---------- */
+
+float kvt_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+  if (exp == 0x1F) bits = sign | 0x7F800000u | (man << 13);
+  else if (exp != 0) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (man == 0) bits = sign;
+  else { /* subnormal: normalise */
+    int e = -1;
+    do {
+      man <<= 1;
+      e++;
+    } while (!(man & 0x400));
+    bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+  }
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* Round to nearest even, as F16C's _mm256_cvtps_ph(.., 0) does. */
+uint16_t kvt_f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7FFFFFFF;
+  if (ax >= 0x7F800000) return (uint16_t)(sign | 0x7C00 | (ax > 0x7F800000 ? 0x200 | ((ax >> 13) & 0x3FF) : 0));
+  if (ax >= 0x477FF000) return (uint16_t)(sign | 0x7C00); /* rounds to inf */
+  if (ax < 0x38800000) { /* subnormal or zero in f16 */
+    if (ax < 0x33000000) return (uint16_t)sign;
+    uint32_t e = ax >> 23, m = (ax & 0x7FFFFF) | 0x800000, shift = 126 - e;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((ax - 0x38000000) >> 13), rem = ax & 0x1FFF;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+  return (uint16_t)(sign | h);
+}
+
+float kvt_bf16_to_f32(uint16_t h) {
+  uint32_t bits = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t kvt_f32_to_bf16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  if ((x & 0x7FFFFFFF) > 0x7F800000) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+  x += 0x7FFF + ((x >> 16) & 1);
+  return (uint16_t)(x >> 16);
+}
+
+KVT_AVX2 static void f16_to_f32_avx2(const uint16_t *in, uint32_t n, float *out) {
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
+  for (; i < n; i++) out[i] = kvt_f16_to_f32(in[i]);
+}
+
+KVT_AVX2 static void f32_to_f16_avx2(const float *in, uint32_t n, uint16_t *out) {
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), 0));
+  for (; i < n; i++) out[i] = kvt_f32_to_f16(in[i]);
+}
+
+void kvt_vec_to_f32(const void *in, uint32_t dtype, uint32_t n, float *out) {
+  const uint16_t *h = in;
+  if (dtype == KVT_F32) memcpy(out, in, (size_t)n * 4);
+  else if (dtype == KVT_F16 && kvt_codec_level > 0) f16_to_f32_avx2(h, n, out);
+  else if (dtype == KVT_F16) for (uint32_t i = 0; i < n; i++) out[i] = kvt_f16_to_f32(h[i]);
+  else for (uint32_t i = 0; i < n; i++) out[i] = kvt_bf16_to_f32(h[i]);
+}
+
+void kvt_vec_from_f32(const float *in, uint32_t dtype, uint32_t n, void *out) {
+  uint16_t *h = out;
+  if (dtype == KVT_F32) memcpy(out, in, (size_t)n * 4);
+  else if (dtype == KVT_F16 && kvt_codec_level > 0) f32_to_f16_avx2(in, n, h);
+  else if (dtype == KVT_F16) for (uint32_t i = 0; i < n; i++) h[i] = kvt_f32_to_f16(in[i]);
+  else for (uint32_t i = 0; i < n; i++) h[i] = kvt_f32_to_bf16(in[i]);
+}
+
+void kvt_to_f32(const void *in, uint32_t dtype, size_t n, float *out) {
+  level_init();
+  kvt_vec_to_f32(in, dtype, (uint32_t)n, out);
+}
+
+void kvt_from_f32(const float *in, uint32_t dtype, size_t n, void *out) {
+  level_init();
+  kvt_vec_from_f32(in, dtype, (uint32_t)n, out);
+}
+
+/* ---------- header ---------- */
+
+void kvt_codec_put_hdr(uint8_t *out, int id, const kvt_cshape *s) {
+  out[0] = 'K';
+  out[1] = 'W';
+  out[2] = (uint8_t)id;
+  out[3] = KVT_CODEC_VERSION;
+  kvt_wr16(out + 4, (uint16_t)s->n_heads);
+  kvt_wr16(out + 6, (uint16_t)s->head_dim);
+  uint32_t t = s->n_tokens, sd = (uint32_t)s->seed;
+  memcpy(out + 8, &t, 4);
+  memcpy(out + 12, &sd, 4);
+}
+
+int kvt_codec_hdr_ok(const uint8_t *in, int id, const kvt_cshape *s) {
+  uint8_t want[KVT_CODEC_HDR];
+  kvt_codec_put_hdr(want, id, s);
+  return memcmp(in, want, KVT_CODEC_HDR) == 0;
+}
+
+static int shape_ok(const kvt_cshape *s) {
+  return s && s->n_tokens >= 1 && s->n_tokens <= KVT_MAX_BLOCK_TOKENS && s->n_heads >= 1 &&
+         s->n_heads <= KVT_MAX_HEADS && s->head_dim >= 1 && s->head_dim <= KVT_MAX_HEAD_DIM;
+}
+
+/* ---------- dispatch ---------- */
+
+size_t kvt_codec_size(int id, const kvt_cshape *s) {
+  const kvt_codec *c = kvt_codec_get(id);
+  if (!c || !shape_ok(s)) return 0;
+  return KVT_CODEC_HDR + (c->is_value ? kvt_v_size(c->bits, s) : kvt_k_size(id, s));
+}
+
+int64_t kvt_codec_encode(int id, const kvt_cshape *s, const void *in, uint32_t dtype,
+                         uint8_t *out, size_t out_len) {
+  const kvt_codec *c = kvt_codec_get(id);
+  size_t need = kvt_codec_size(id, s);
+  if (!c) return KVT_EOPTION;
+  if (!need) return KVT_ESHAPE;
+  if (!in || !out) return KVT_ENULL;
+  if (kvt_dtype_size(dtype) == 0) return KVT_EDTYPE;
+  if (out_len < need) return KVT_EBUFSIZE;
+  level_init();
+  kvt_codec_put_hdr(out, id, s);
+  int rc = c->is_value ? kvt_v_encode(c->bits, s, in, dtype, out + KVT_CODEC_HDR)
+                       : kvt_k_encode(id, s, in, dtype, out + KVT_CODEC_HDR);
+  return rc ? rc : (int64_t)need;
+}
+
+int kvt_codec_check(int id, const kvt_cshape *s, const uint8_t *in, size_t in_len) {
+  const kvt_codec *c = kvt_codec_get(id);
+  size_t need = kvt_codec_size(id, s);
+  if (!c || !need || !in || in_len != need || !kvt_codec_hdr_ok(in, id, s)) return KVT_ECORRUPT;
+  return c->is_value ? kvt_v_check(c->bits, s, in + KVT_CODEC_HDR)
+                     : kvt_k_check(id, s, in + KVT_CODEC_HDR);
+}
+
+int kvt_codec_decode(int id, const kvt_cshape *s, const uint8_t *in, size_t in_len, void *out,
+                     uint32_t dtype) {
+  if (kvt_dtype_size(dtype) == 0) return KVT_EDTYPE;
+  if (!out) return KVT_ENULL;
+  int rc = kvt_codec_check(id, s, in, in_len);
+  if (rc) return rc;
+  level_init();
+  const kvt_codec *c = kvt_codec_get(id);
+  if (c->is_value) kvt_v_decode(c->bits, s, in + KVT_CODEC_HDR, out, dtype);
+  else kvt_k_decode(id, s, in + KVT_CODEC_HDR, out, dtype);
+  return 0;
+}

@@ -1,0 +1,736 @@
+/* bench.c - `kvtier bench share`: what N agents with one context cost the
+ * store, by the engine's own accounting; `kvtier bench hot`: put and gather
+ * throughput against memcpy of the same bytes (interleaved rounds, medians)
+ * and the latency of a 32K-token prefix lookup. Llama-3-8B shape. */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "util.h"
+
+/* Llama-3-8B: 32 layers, 8 KV heads of 128, f16; 16 tokens per block. */
+#define B_LAYERS 32u
+#define B_HEADS 8u
+#define B_HEAD_DIM 128u
+#define B_BLOCK_TOKENS 16u
+#define B_BLOCK_BYTES ((size_t)B_BLOCK_TOKENS * B_HEADS * B_HEAD_DIM * 2) /* K or V */
+#define B_TBLOCK_BYTES (B_BLOCK_BYTES * 2 * B_LAYERS) /* K+V, all layers */
+
+#define SHARE_AGENTS_MAX 256u
+#define SHARE_TOKENS_MAX 65536u
+#define HOT_ROUNDS_MAX 99u
+#define HOT_MIB_MIN 64u
+#define HOT_MIB_MAX 4096u
+#define HOT_WARMUP_PUTS 2u
+#define LOOKUP_TOKENS 32768u
+#define LOOKUP_BLOCKS (LOOKUP_TOKENS / B_BLOCK_TOKENS)
+#define LOOKUP_SAMPLES_MAX 100000u
+#define LOOKUP_WARMUP 20u
+
+static const kvt_shape b_shape = {B_LAYERS, B_HEADS, B_HEAD_DIM, KVT_F16, B_BLOCK_TOKENS};
+
+static const kvt_ns_desc b_desc = {
+    .model_id = "kvtier-bench/llama-3-8b-shape",
+    .weights_fingerprint = "generated-kv-v1",
+    .rope_theta = 500000.0,
+    .tp_size = 1,
+    .shape = {B_LAYERS, B_HEADS, B_HEAD_DIM, KVT_F16, B_BLOCK_TOKENS},
+};
+
+/* ---- shared plumbing -------------------------------------------------- */
+
+typedef struct bench_dir {
+  char path[PATH_MAX];
+  int made; /* created here: removed at the end */
+} bench_dir;
+
+static int share_fail(const char *what, int rc) { return cli_lib_error("bench share", what, rc); }
+static int hot_fail(const char *what, int rc) { return cli_lib_error("bench hot", what, rc); }
+
+/* The user's directory, or a scratch one under $TMPDIR that is removed. */
+static int bench_dir_open(bench_dir *d, const char *user_dir, const char *cmd)
+{
+  d->made = 0;
+  if (user_dir) {
+    if (strlen(user_dir) >= sizeof d->path - 32)
+      return cli_lib_error(cmd, "--dir", -ENAMETOOLONG);
+    snprintf(d->path, sizeof d->path, "%s", user_dir);
+    return CLI_OK;
+  }
+  const char *tmp = getenv("TMPDIR");
+  if (tmp == NULL || *tmp == '\0' || strlen(tmp) > sizeof d->path - 64) tmp = "/tmp";
+  snprintf(d->path, sizeof d->path, "%s/kvtier-bench-XXXXXX", tmp);
+  if (mkdtemp(d->path) == NULL) return cli_lib_error(cmd, "creating a scratch directory", -errno);
+  d->made = 1;
+  return CLI_OK;
+}
+
+static void bench_dir_close(bench_dir *d, const char *cmd)
+{
+  if (!d->made) return;
+  int rc = remove_tree(d->path);
+  if (rc != 0) fprintf(stderr, "kvtier %s: removing %s: %s\n", cmd, d->path, kvt_strerror(rc));
+}
+
+static int bench_open(const char *dir, uint64_t hot_limit, uint32_t flags, uint32_t max_seqs,
+                      kvt_engine **e, kvt_ns_id *ns)
+{
+  kvt_options opt;
+  kvt_options_init(&opt);
+  opt.tier_bytes_limit[KVT_TIER_HOT] = hot_limit;
+  opt.flags = flags;
+  if (max_seqs > opt.max_seqs) opt.max_seqs = max_seqs;
+  int rc = kvt_engine_open(dir, &opt, e);
+  if (rc != 0) return rc;
+  return kvt_ns_register(*e, &b_desc, ns);
+}
+
+static uint64_t stored_bytes(const kvt_stats *st)
+{
+  uint64_t sum = 0;
+  for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) sum += st->tier_bytes[t];
+  return sum;
+}
+
+/* ---- bench share ----------------------------------------------------------- */
+
+typedef struct share_cfg {
+  uint64_t agents, tokens, seed;
+  const char *dir;
+  int json;
+} share_cfg;
+
+typedef struct share_run {
+  share_cfg cfg;
+  kvt_engine *e;
+  kvt_ns_id ns;
+  kvgen gen;
+  uint32_t n_blocks;
+  uint32_t *tokens;
+  uint64_t *pos_hash;
+  uint8_t *k, *v;      /* one layer block */
+  uint8_t *gk, *gv;    /* one layer gathered, and the same regenerated */
+  uint8_t *wk, *wv;
+  kvt_seq *seqs[SHARE_AGENTS_MAX];
+  uint64_t dedup_puts;
+  kvt_stats st;
+  uint64_t ns_total;
+} share_run;
+
+#define SHARE_N_OPTS 5
+
+static void share_opts(share_cfg *c, cli_opt o[SHARE_N_OPTS])
+{
+  const cli_opt t[SHARE_N_OPTS] = {
+      {"--agents", "N", CLI_U64, &c->agents, 1, SHARE_AGENTS_MAX, "agents, 1 to 256 (default 15)"},
+      {"--tokens", "T", CLI_U64, &c->tokens, B_BLOCK_TOKENS, SHARE_TOKENS_MAX,
+       "tokens of the shared context, a multiple of 16 (default 4096)"},
+      {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "seed of tokens and KV (default 1)"},
+      {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one, removed)"},
+      {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+  };
+  memcpy(o, t, sizeof t);
+}
+
+static int share_put_all(share_run *r, kvt_seq *s)
+{
+  for (uint32_t b = 0; b < r->n_blocks; b++) {
+    for (uint32_t l = 0; l < B_LAYERS; l++) {
+      kvgen_fill(&r->gen, r->pos_hash + (size_t)b * B_BLOCK_TOKENS, B_BLOCK_TOKENS, l, r->k, r->v);
+      kvt_kv kv = {r->k, r->v, KVT_F16, B_BLOCK_TOKENS, B_HEADS, B_HEAD_DIM};
+      int rc = kvt_seq_put(s, b, l, &kv);
+      if (rc != 0) {
+        char what[80];
+        snprintf(what, sizeof what, "putting block %u, layer %u", b, l);
+        return share_fail(what, rc);
+      }
+    }
+  }
+  return CLI_OK;
+}
+
+/* Agent a: look the context up, append it (adopting what is stored), put
+ * what is missing. Agent 1 also puts every layer again, so that the dedup
+ * path of put is measured too. */
+static int share_agent(share_run *r, uint32_t a)
+{
+  size_t found = 0;
+  int rc = kvt_lookup(r->e, r->ns, r->tokens, r->cfg.tokens, NULL, 0, &found);
+  if (rc != 0) return share_fail("looking up the shared context", rc);
+  if (a > 0 && found != r->n_blocks) {
+    fprintf(stderr, "kvtier bench share: agent %u found %zu of %u blocks stored\n", a, found,
+            r->n_blocks);
+    return CLI_FAIL;
+  }
+  rc = kvt_seq_create(r->e, r->ns, &r->seqs[a]);
+  if (rc != 0) return share_fail("creating a sequence", rc);
+  uint32_t missing = 0;
+  for (uint32_t b = 0; b < r->n_blocks; b++) {
+    kvt_append_info info;
+    rc = kvt_seq_append(r->seqs[a], r->tokens + (size_t)b * B_BLOCK_TOKENS, B_BLOCK_TOKENS, &info);
+    if (rc != 0) return share_fail("appending a token block", rc);
+    missing += info.layers_present != B_LAYERS;
+  }
+  if (a > 0 && missing) {
+    fprintf(stderr, "kvtier bench share: agent %u could not adopt %u blocks\n", a, missing);
+    return CLI_FAIL;
+  }
+  if (missing || a == 1) {
+    rc = share_put_all(r, r->seqs[a]);
+    if (a == 1) r->dedup_puts = (uint64_t)r->n_blocks * B_LAYERS;
+  }
+  return rc;
+}
+
+/* The last agent's first and last layers, gathered, equal the KV put. */
+static int share_verify(share_run *r)
+{
+  kvt_seq *s = r->seqs[r->cfg.agents - 1];
+  size_t want = (size_t)r->n_blocks * B_BLOCK_BYTES;
+  const uint32_t layers[2] = {0, B_LAYERS - 1};
+  for (int i = 0; i < 2; i++) {
+    size_t bytes = want, n = 0;
+    int rc = kvt_seq_gather(s, layers[i], r->gk, r->gv, &bytes, NULL, 0, &n);
+    if (rc != 0) return share_fail("gathering a layer to check it", rc);
+    kvgen_fill(&r->gen, r->pos_hash, r->cfg.tokens, layers[i], r->wk, r->wv);
+    if (bytes != want || n != r->n_blocks || memcmp(r->gk, r->wk, want) != 0 ||
+        memcmp(r->gv, r->wv, want) != 0) {
+      fprintf(stderr, "kvtier bench share: layer %u gathered (%zu blocks, %zu bytes) differs "
+              "from the KV put\n", layers[i], n, bytes);
+      return CLI_FAIL;
+    }
+  }
+  return CLI_OK;
+}
+
+static int share_alloc(share_run *r)
+{
+  size_t layer = (size_t)r->n_blocks * B_BLOCK_BYTES;
+  r->tokens = malloc(r->cfg.tokens * sizeof *r->tokens);
+  r->pos_hash = malloc(r->cfg.tokens * sizeof *r->pos_hash);
+  r->k = malloc(B_BLOCK_BYTES);
+  r->v = malloc(B_BLOCK_BYTES);
+  r->gk = malloc(layer);
+  r->gv = malloc(layer);
+  r->wk = malloc(layer);
+  r->wv = malloc(layer);
+  if (!r->tokens || !r->pos_hash || !r->k || !r->v || !r->gk || !r->gv || !r->wk || !r->wv)
+    return share_fail("allocating buffers", -ENOMEM);
+  int rc = kvgen_init(&r->gen, &b_shape, r->cfg.seed);
+  if (rc != 0) return share_fail("setting up the KV generator", rc);
+  prng p;
+  prng_seed(&p, r->cfg.seed);
+  gen_tokens(&p, KVGEN_VOCAB, r->tokens, r->cfg.tokens);
+  kvgen_pos_hashes(&r->gen, 0, r->tokens, r->cfg.tokens, r->pos_hash);
+  return CLI_OK;
+}
+
+static void share_free(share_run *r)
+{
+  for (uint32_t a = 0; a < SHARE_AGENTS_MAX; a++) kvt_seq_release(r->seqs[a]);
+  kvt_engine_close(r->e);
+  kvgen_free(&r->gen);
+  free(r->tokens);
+  free(r->pos_hash);
+  free(r->k);
+  free(r->v);
+  free(r->gk);
+  free(r->gv);
+  free(r->wk);
+  free(r->wv);
+}
+
+static uint64_t share_payload(const share_run *r) { return (uint64_t)r->n_blocks * B_TBLOCK_BYTES; }
+
+static void share_report(const share_run *r)
+{
+  const kvt_stats *st = &r->st;
+  uint64_t priv = r->cfg.agents * share_payload(r);
+  double red = 1.0 - (double)st->total_bytes / (double)priv;
+  double ceil_red = 1.0 - 1.0 / (double)r->cfg.agents;
+  if (r->cfg.json) {
+    json_w j;
+    json_begin(&j, stdout);
+    json_str(&j, "command", "bench share");
+    json_u64(&j, "agents", r->cfg.agents);
+    json_u64(&j, "tokens", r->cfg.tokens);
+    json_u64(&j, "seed", r->cfg.seed);
+    json_u64(&j, "n_layers", B_LAYERS);
+    json_u64(&j, "n_kv_heads", B_HEADS);
+    json_u64(&j, "head_dim", B_HEAD_DIM);
+    json_str(&j, "dtype", "f16");
+    json_u64(&j, "block_tokens", B_BLOCK_TOKENS);
+    json_u64(&j, "payload_bytes", share_payload(r));
+    json_u64(&j, "stored_bytes", stored_bytes(st));
+    json_u64(&j, "stats_total_bytes", st->total_bytes);
+    json_u64(&j, "index_bytes", st->index_bytes);
+    json_u64(&j, "seq_bytes", st->seq_bytes);
+    json_u64(&j, "other_bytes", st->other_bytes);
+    json_u64(&j, "private_bytes", priv);
+    json_f64(&j, "reduction", red);
+    json_f64(&j, "reduction_ceiling", ceil_red);
+    json_u64(&j, "logical_bytes", st->logical_bytes);
+    json_u64(&j, "dedup_saved_bytes", st->dedup_saved_bytes);
+    json_u64(&j, "dedup_puts", r->dedup_puts);
+    json_u64(&j, "dedup_hits", st->dedup_hits);
+    json_bool(&j, "verified", 1);
+    json_f64(&j, "seconds", (double)r->ns_total / 1e9);
+    json_end(&j);
+    return;
+  }
+  char b1[32], b2[32], b3[32], b4[32];
+  printf("bench share: %" PRIu64 " agents with the same %" PRIu64 "-token context (seed %" PRIu64
+         ")\n"
+         "model: %u layers x %u KV heads x head_dim %u, f16, %u tokens per block\n\n",
+         r->cfg.agents, r->cfg.tokens, r->cfg.seed, B_LAYERS, B_HEADS, B_HEAD_DIM, B_BLOCK_TOKENS);
+  printf("  private copies would take  %12s  (%" PRIu64 " x %s of KV)\n",
+         fmt_bytes(b1, sizeof b1, priv), r->cfg.agents, fmt_bytes(b2, sizeof b2, share_payload(r)));
+  printf("  engine holds (total_bytes) %12s  (tiers %s, index %s, sequences %s)\n",
+         fmt_bytes(b1, sizeof b1, st->total_bytes), fmt_bytes(b2, sizeof b2, stored_bytes(st)),
+         fmt_bytes(b3, sizeof b3, st->index_bytes), fmt_bytes(b4, sizeof b4, st->seq_bytes));
+  printf("  reduction                  %11.2f%%  (ceiling 1 - 1/%" PRIu64 " = %.2f%%)\n",
+         100.0 * red, r->cfg.agents, 100.0 * ceil_red);
+  printf("  dedup                      %" PRIu64 " puts of stored blocks, %" PRIu64
+         " dedup hits; gathered KV checked\n  time                       %.2f s\n",
+         r->dedup_puts, st->dedup_hits, (double)r->ns_total / 1e9);
+}
+
+static int share_main(share_run *r, const char *dir)
+{
+  uint64_t t0 = now_ns();
+  int rc = share_alloc(r);
+  if (rc != CLI_OK) return rc;
+  uint64_t pay = share_payload(r);
+  rc = bench_open(dir, pay + pay / 4 + (64u << 20), 0, (uint32_t)r->cfg.agents, &r->e, &r->ns);
+  if (rc != 0) return share_fail("opening the store", rc);
+  for (uint32_t a = 0; a < r->cfg.agents; a++) {
+    progress("bench share: agent %u of %" PRIu64, a + 1, r->cfg.agents);
+    rc = share_agent(r, a);
+    if (rc != CLI_OK) return rc;
+  }
+  progress_end();
+  rc = kvt_stats_get(r->e, &r->st);
+  if (rc != 0) return share_fail("reading the counters", rc);
+  rc = share_verify(r);
+  if (rc != CLI_OK) return rc;
+  r->ns_total = now_ns() - t0;
+  share_report(r);
+  return CLI_OK;
+}
+
+static int bench_share(int argc, char **argv)
+{
+  share_cfg cfg = {.agents = 15, .tokens = 4096, .seed = 1};
+  cli_opt opts[SHARE_N_OPTS];
+  share_opts(&cfg, opts);
+  int want_help = 0;
+  int rc = cli_parse("bench share", argc, argv, opts, SHARE_N_OPTS, &want_help);
+  if (want_help) bench_usage(stdout);
+  if (rc != CLI_OK || want_help) return rc;
+  if (cfg.tokens % B_BLOCK_TOKENS != 0) {
+    fprintf(stderr, "kvtier bench share: --tokens must be a multiple of %u, not %" PRIu64 "\n",
+            B_BLOCK_TOKENS, cfg.tokens);
+    return CLI_USAGE;
+  }
+  share_run *r = calloc(1, sizeof *r);
+  if (r == NULL) return share_fail("allocating state", -ENOMEM);
+  r->cfg = cfg;
+  r->n_blocks = (uint32_t)(cfg.tokens / B_BLOCK_TOKENS);
+  bench_dir d;
+  rc = bench_dir_open(&d, cfg.dir, "bench share");
+  if (rc == CLI_OK) {
+    rc = share_main(r, d.path);
+    share_free(r);
+    bench_dir_close(&d, "bench share");
+  }
+  free(r);
+  return rc;
+}
+
+/* ---- bench hot --------------------------------------------------------------- */
+
+typedef struct hot_cfg {
+  uint64_t mib, rounds, lookups, seed;
+  const char *dir;
+  int json;
+} hot_cfg;
+
+typedef struct hot_run {
+  hot_cfg cfg;
+  kvt_engine *e;
+  kvt_ns_id ns;
+  uint32_t n_blocks;             /* token blocks in the working set */
+  size_t layer_bytes;            /* K (= V) of one layer of the working set */
+  size_t half;                   /* K (= V) of the working set */
+  uint8_t *src_k, *src_v;        /* [layer][token][head][dim] */
+  uint8_t *dst_k, *dst_v;
+  uint32_t *tokens;              /* [1 + warm-up + rounds][n_blocks * block_tokens] */
+  kvt_seq *g;                    /* the sequence gathered from */
+  double put_gbps[HOT_ROUNDS_MAX], gather_gbps[HOT_ROUNDS_MAX], memcpy_gbps[HOT_ROUNDS_MAX];
+  double gather_ratio[HOT_ROUNDS_MAX], put_ratio[HOT_ROUNDS_MAX];
+  double *lookup_us;             /* [cfg.lookups] */
+  uint64_t evictions;            /* hot-tier evictions, warm-up included */
+} hot_run;
+
+#define HOT_N_OPTS 6
+
+static void hot_opts(hot_cfg *c, cli_opt o[HOT_N_OPTS])
+{
+  const cli_opt t[HOT_N_OPTS] = {
+      {"--mib", "M", CLI_U64, &c->mib, HOT_MIB_MIN, HOT_MIB_MAX,
+       "working set in MiB, K+V, 64 to 4096 (default 64)"},
+      {"--rounds", "R", CLI_U64, &c->rounds, 3, HOT_ROUNDS_MAX,
+       "interleaved rounds, 3 to 99 (default 7)"},
+      {"--lookups", "N", CLI_U64, &c->lookups, 100, LOOKUP_SAMPLES_MAX,
+       "timed prefix lookups, 100 to 100000 (default 1000)"},
+      {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "seed of tokens and KV (default 1)"},
+      {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one, removed)"},
+      {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+  };
+  memcpy(o, t, sizeof t);
+}
+
+static uint32_t *hot_tokens(hot_run *r, uint32_t i)
+{
+  return r->tokens + (size_t)i * r->n_blocks * B_BLOCK_TOKENS;
+}
+
+/* Append every block of tokens to s and put every layer from src. */
+static int hot_fill_seq(hot_run *r, kvt_seq *s, const uint32_t *tokens)
+{
+  for (uint32_t b = 0; b < r->n_blocks; b++) {
+    int rc = kvt_seq_append(s, tokens + (size_t)b * B_BLOCK_TOKENS, B_BLOCK_TOKENS, NULL);
+    if (rc != 0) return rc;
+    for (uint32_t l = 0; l < B_LAYERS; l++) {
+      size_t off = l * r->layer_bytes + b * B_BLOCK_BYTES;
+      kvt_kv kv = {r->src_k + off, r->src_v + off, KVT_F16, B_BLOCK_TOKENS, B_HEADS, B_HEAD_DIM};
+      rc = kvt_seq_put(s, b, l, &kv);
+      if (rc != 0) return rc;
+    }
+  }
+  return 0;
+}
+
+/* One put round: a new context (never seen: no dedup) put whole, into a
+ * tier full of the previous round's unreferenced blocks, which it evicts:
+ * the steady state of a serving engine. Returns seconds, or < 0. */
+static double hot_put_round(hot_run *r, uint32_t i, int *rc)
+{
+  kvt_seq *s = NULL;
+  uint64_t t0 = now_ns();
+  *rc = kvt_seq_create(r->e, r->ns, &s);
+  if (*rc == 0) *rc = hot_fill_seq(r, s, hot_tokens(r, i));
+  uint64_t t1 = now_ns();
+  kvt_seq_release(s);
+  return *rc ? -1.0 : (double)(t1 - t0) / 1e9;
+}
+
+static double hot_gather_round(hot_run *r, int *rc)
+{
+  uint64_t t0 = now_ns();
+  for (uint32_t l = 0; l < B_LAYERS && *rc == 0; l++) {
+    size_t bytes = r->layer_bytes, n = 0;
+    *rc = kvt_seq_gather(r->g, l, r->dst_k + l * r->layer_bytes, r->dst_v + l * r->layer_bytes,
+                         &bytes, NULL, 0, &n);
+    if (*rc == 0 && (bytes != r->layer_bytes || n != r->n_blocks)) *rc = KVT_EBUFSIZE;
+  }
+  uint64_t t1 = now_ns();
+  return *rc ? -1.0 : (double)(t1 - t0) / 1e9;
+}
+
+static double hot_memcpy_round(hot_run *r)
+{
+  uint64_t t0 = now_ns();
+  memcpy(r->dst_k, r->src_k, r->half);
+  memcpy(r->dst_v, r->src_v, r->half);
+  uint64_t t1 = now_ns();
+  return (double)(t1 - t0) / 1e9;
+}
+
+static int hot_alloc(hot_run *r)
+{
+  r->n_blocks = (uint32_t)(r->cfg.mib * (1u << 20) / B_TBLOCK_BYTES);
+  r->layer_bytes = (size_t)r->n_blocks * B_BLOCK_BYTES;
+  r->half = r->layer_bytes * B_LAYERS;
+  size_t n_tok = (size_t)r->n_blocks * B_BLOCK_TOKENS;
+  r->src_k = malloc(r->half);
+  r->src_v = malloc(r->half);
+  r->dst_k = malloc(r->half);
+  r->dst_v = malloc(r->half);
+  r->tokens = malloc((1 + HOT_WARMUP_PUTS + r->cfg.rounds) * n_tok * sizeof *r->tokens);
+  r->lookup_us = malloc(r->cfg.lookups * sizeof *r->lookup_us);
+  if (!r->src_k || !r->src_v || !r->dst_k || !r->dst_v || !r->tokens || !r->lookup_us)
+    return hot_fail("allocating buffers", -ENOMEM);
+  memset(r->dst_k, 0, r->half); /* pre-fault: first touch runs at ~1 GB/s */
+  memset(r->dst_v, 0, r->half);
+  prng p;
+  prng_seed(&p, r->cfg.seed);
+  gen_tokens(&p, KVGEN_VOCAB, r->tokens, (1 + HOT_WARMUP_PUTS + r->cfg.rounds) * n_tok);
+  return CLI_OK;
+}
+
+/* The working set's KV, generated for the gathered context's tokens. */
+static int hot_generate(hot_run *r)
+{
+  kvgen g;
+  size_t n_tok = (size_t)r->n_blocks * B_BLOCK_TOKENS;
+  uint64_t *ph = malloc(n_tok * sizeof *ph);
+  int rc = ph ? kvgen_init(&g, &b_shape, r->cfg.seed) : -ENOMEM;
+  if (rc != 0) {
+    free(ph);
+    return hot_fail("setting up the KV generator", rc);
+  }
+  kvgen_pos_hashes(&g, 0, hot_tokens(r, 0), n_tok, ph);
+  for (uint32_t l = 0; l < B_LAYERS; l++)
+    kvgen_fill(&g, ph, n_tok, l, r->src_k + l * r->layer_bytes, r->src_v + l * r->layer_bytes);
+  kvgen_free(&g);
+  free(ph);
+  return CLI_OK;
+}
+
+/* Warm-up, untimed: the gathered sequence; two put rounds, so that the tier
+ * is full and the allocator has settled (the first round that evicts still
+ * touches fresh pages); one gather checked byte for byte; one memcpy. */
+static int hot_warmup(hot_run *r)
+{
+  int rc = kvt_seq_create(r->e, r->ns, &r->g);
+  if (rc == 0) rc = hot_fill_seq(r, r->g, hot_tokens(r, 0));
+  if (rc != 0) return hot_fail("putting the gathered context", rc);
+  for (uint32_t i = 1; i <= HOT_WARMUP_PUTS && rc == 0; i++) hot_put_round(r, i, &rc);
+  if (rc != 0) return hot_fail("warm-up put round", rc);
+  hot_gather_round(r, &rc);
+  if (rc != 0) return hot_fail("warm-up gather", rc);
+  if (memcmp(r->dst_k, r->src_k, r->half) != 0 || memcmp(r->dst_v, r->src_v, r->half) != 0) {
+    fprintf(stderr, "kvtier bench hot: gathered KV differs from the KV put\n");
+    return CLI_FAIL;
+  }
+  hot_memcpy_round(r);
+  return CLI_OK;
+}
+
+/* A B C A B C ...: put, gather, memcpy in each round, so that drift of the
+ * machine hits all three alike; ratios are taken within a round. */
+static int hot_rounds(hot_run *r)
+{
+  double gb = (double)(2 * r->half) / 1e9;
+  for (uint32_t i = 0; i < r->cfg.rounds; i++) {
+    progress("bench hot: round %u of %" PRIu64, i + 1, r->cfg.rounds);
+    int rc = 0;
+    double tp = hot_put_round(r, i + 1 + HOT_WARMUP_PUTS, &rc);
+    if (rc != 0) return hot_fail("put round", rc);
+    double tg = hot_gather_round(r, &rc);
+    if (rc != 0) return hot_fail("gather round", rc);
+    double tm = hot_memcpy_round(r);
+    r->put_gbps[i] = gb / tp;
+    r->gather_gbps[i] = gb / tg;
+    r->memcpy_gbps[i] = gb / tm;
+    r->put_ratio[i] = tm / tp;
+    r->gather_ratio[i] = tm / tg;
+  }
+  progress_end();
+  kvt_stats st;
+  int rc = kvt_stats_get(r->e, &st);
+  if (rc != 0) return hot_fail("reading the counters", rc);
+  r->evictions = st.evictions[KVT_TIER_HOT];
+  return CLI_OK;
+}
+
+/* Store a 32K-token context in a metadata-only engine (same index and
+ * lookup code, no payloads: 4 GiB of real KV would not fit a small box)
+ * and time prefix lookups of it, every block a hit. */
+static int hot_lookup_store(hot_run *r, const char *dir, kvt_engine **e, kvt_ns_id *ns,
+                            uint32_t *tokens)
+{
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/lookup-metadata-only", dir) >= (int)sizeof path)
+    return hot_fail("lookup store path", -ENAMETOOLONG);
+  int rc = bench_open(path, (uint64_t)LOOKUP_BLOCKS * B_TBLOCK_BYTES * 2, KVT_OPEN_METADATA_ONLY,
+                      0, e, ns);
+  if (rc != 0) return hot_fail("opening a metadata-only store for the lookup test", rc);
+  prng p;
+  prng_seed(&p, mix64(r->cfg.seed ^ 0x6c6f6f6b7570ull));
+  gen_tokens(&p, KVGEN_VOCAB, tokens, LOOKUP_TOKENS);
+  kvt_seq *s = NULL;
+  rc = kvt_seq_create(*e, *ns, &s);
+  for (uint32_t b = 0; b < LOOKUP_BLOCKS && rc == 0; b++) {
+    rc = kvt_seq_append(s, tokens + (size_t)b * B_BLOCK_TOKENS, B_BLOCK_TOKENS, NULL);
+    for (uint32_t l = 0; l < B_LAYERS && rc == 0; l++) {
+      kvt_kv kv = {NULL, NULL, KVT_F16, B_BLOCK_TOKENS, B_HEADS, B_HEAD_DIM};
+      rc = kvt_seq_put(s, b, l, &kv);
+    }
+  }
+  kvt_seq_release(s); /* the blocks stay cached: the limit leaves room */
+  return rc != 0 ? hot_fail("storing the 32K-token context", rc) : CLI_OK;
+}
+
+static int hot_lookups(hot_run *r, const char *dir)
+{
+  kvt_engine *e = NULL;
+  kvt_ns_id ns = 0;
+  uint32_t *tokens = malloc(LOOKUP_TOKENS * sizeof *tokens);
+  kvt_lookup_entry *out = calloc(LOOKUP_BLOCKS, sizeof *out); /* faulted by the warm-up lookups */
+  int rc = tokens && out ? hot_lookup_store(r, dir, &e, &ns, tokens)
+                         : hot_fail("allocating lookup buffers", -ENOMEM);
+  for (uint64_t i = 0; i < LOOKUP_WARMUP + r->cfg.lookups && rc == CLI_OK; i++) {
+    size_t found = 0;
+    uint64_t t0 = now_ns();
+    int lrc = kvt_lookup(e, ns, tokens, LOOKUP_TOKENS, out, LOOKUP_BLOCKS, &found);
+    uint64_t t1 = now_ns();
+    if (lrc != 0) rc = hot_fail("prefix lookup", lrc);
+    else if (found != LOOKUP_BLOCKS) {
+      fprintf(stderr, "kvtier bench hot: lookup found %zu of %u stored blocks\n", found,
+              LOOKUP_BLOCKS);
+      rc = CLI_FAIL;
+    } else if (i >= LOOKUP_WARMUP)
+      r->lookup_us[i - LOOKUP_WARMUP] = (double)(t1 - t0) / 1e3;
+  }
+  kvt_engine_close(e);
+  free(tokens);
+  free(out);
+  return rc;
+}
+
+static void hot_report(hot_run *r)
+{
+  size_t n = r->cfg.rounds;
+  double put = median_f64(r->put_gbps, n), gat = median_f64(r->gather_gbps, n);
+  double mem = median_f64(r->memcpy_gbps, n);
+  double gr = median_f64(r->gather_ratio, n), pr = median_f64(r->put_ratio, n);
+  sort_f64(r->lookup_us, r->cfg.lookups);
+  double p50 = percentile_sorted(r->lookup_us, r->cfg.lookups, 50);
+  double p99 = percentile_sorted(r->lookup_us, r->cfg.lookups, 99);
+  if (r->cfg.json) {
+    json_w j;
+    json_begin(&j, stdout);
+    json_str(&j, "command", "bench hot");
+    json_u64(&j, "working_set_bytes", 2 * r->half);
+    json_u64(&j, "rounds", n);
+    json_u64(&j, "seed", r->cfg.seed);
+    json_f64(&j, "put_gbps", put);
+    json_f64(&j, "gather_gbps", gat);
+    json_f64(&j, "memcpy_gbps", mem);
+    json_f64(&j, "gather_vs_memcpy", gr);
+    json_f64(&j, "put_vs_memcpy", pr);
+    json_u64(&j, "hot_evictions", r->evictions);
+    json_f64(&j, "put_gbps_min", r->put_gbps[0]);
+    json_f64(&j, "put_gbps_max", r->put_gbps[n - 1]);
+    json_f64(&j, "gather_gbps_min", r->gather_gbps[0]);
+    json_f64(&j, "gather_gbps_max", r->gather_gbps[n - 1]);
+    json_f64(&j, "memcpy_gbps_min", r->memcpy_gbps[0]);
+    json_f64(&j, "memcpy_gbps_max", r->memcpy_gbps[n - 1]);
+    json_u64(&j, "lookup_tokens", LOOKUP_TOKENS);
+    json_u64(&j, "lookups", r->cfg.lookups);
+    json_str(&j, "lookup_store", "metadata-only");
+    json_f64(&j, "lookup_p50_us", p50);
+    json_f64(&j, "lookup_p99_us", p99);
+    json_end(&j);
+    return;
+  }
+  char b1[32];
+  printf("bench hot: Llama-3-8B shape (%u layers x %u KV heads x head_dim %u, f16, %u tokens "
+         "per block)\nworking set %s (K+V), %zu interleaved rounds, medians [min-max], "
+         "seed %" PRIu64 "\n\n", B_LAYERS, B_HEADS, B_HEAD_DIM, B_BLOCK_TOKENS,
+         fmt_bytes(b1, sizeof b1, 2 * r->half), n, r->cfg.seed);
+  printf("  put     %6.2f GB/s [%.2f-%.2f]  %.2f x memcpy  (new blocks into a full tier, "
+         "%" PRIu64 " evictions)\n", put, r->put_gbps[0], r->put_gbps[n - 1], pr, r->evictions);
+  printf("  gather  %6.2f GB/s [%.2f-%.2f]  %.2f x memcpy  (every layer, as attention reads)\n",
+         gat, r->gather_gbps[0], r->gather_gbps[n - 1], gr);
+  printf("  memcpy  %6.2f GB/s [%.2f-%.2f]  (the same bytes, same buffers)\n", mem,
+         r->memcpy_gbps[0], r->memcpy_gbps[n - 1]);
+  printf("  lookup  of a %u-token context, all hits: p50 %.1f us, p99 %.1f us (%" PRIu64
+         " lookups, metadata-only store)\n", LOOKUP_TOKENS, p50, p99, r->cfg.lookups);
+}
+
+static int hot_main(hot_run *r, const char *dir)
+{
+  int rc = hot_alloc(r);
+  if (rc == CLI_OK) rc = hot_generate(r);
+  if (rc != CLI_OK) return rc;
+  /* The gathered context plus one round of puts; the next round evicts. */
+  uint64_t ws = 2 * r->half;
+  rc = bench_open(dir, 2 * ws + ws / 8, 0, 0, &r->e, &r->ns);
+  if (rc != 0) return hot_fail("opening the store", rc);
+  rc = hot_warmup(r);
+  if (rc == CLI_OK) rc = hot_rounds(r);
+  if (rc == CLI_OK) rc = hot_lookups(r, dir);
+  if (rc == CLI_OK) hot_report(r);
+  return rc;
+}
+
+static void hot_free(hot_run *r)
+{
+  kvt_seq_release(r->g);
+  kvt_engine_close(r->e);
+  free(r->src_k);
+  free(r->src_v);
+  free(r->dst_k);
+  free(r->dst_v);
+  free(r->tokens);
+  free(r->lookup_us);
+}
+
+static int bench_hot(int argc, char **argv)
+{
+  hot_cfg cfg = {.mib = 64, .rounds = 7, .lookups = 1000, .seed = 1};
+  cli_opt opts[HOT_N_OPTS];
+  hot_opts(&cfg, opts);
+  int want_help = 0;
+  int rc = cli_parse("bench hot", argc, argv, opts, HOT_N_OPTS, &want_help);
+  if (want_help) bench_usage(stdout);
+  if (rc != CLI_OK || want_help) return rc;
+  hot_run *r = calloc(1, sizeof *r);
+  if (r == NULL) return hot_fail("allocating state", -ENOMEM);
+  r->cfg = cfg;
+  bench_dir d;
+  rc = bench_dir_open(&d, cfg.dir, "bench hot");
+  if (rc == CLI_OK) {
+    rc = hot_main(r, d.path);
+    hot_free(r);
+    bench_dir_close(&d, "bench hot");
+  }
+  free(r);
+  return rc;
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+void bench_usage(FILE *f)
+{
+  share_cfg sc;
+  hot_cfg hc;
+  cli_opt so[SHARE_N_OPTS], ho[HOT_N_OPTS];
+  share_opts(&sc, so);
+  hot_opts(&hc, ho);
+  fprintf(f, "usage: kvtier bench share [options]\n       kvtier bench hot [options]\n\n"
+             "Both use the Llama-3-8B KV shape: %u layers, %u KV heads, head_dim %u, f16,\n"
+             "%u tokens per block.\n\n"
+             "bench share: N agents with the same context. Reports what the engine holds\n"
+             "(its own byte accounting, kvt_stats total_bytes), what N private copies would\n"
+             "take, and reduction = 1 - held / private (at most 1 - 1/N).\n",
+          B_LAYERS, B_HEADS, B_HEAD_DIM, B_BLOCK_TOKENS);
+  cli_print_opts(f, so, SHARE_N_OPTS);
+  fprintf(f, "\nbench hot: put and gather throughput on a working set of at least 64 MiB\n"
+             "against memcpy of the same bytes, rounds interleaved, medians; and p50/p99\n"
+             "of a prefix lookup of a %u-token context, every block stored.\n",
+          LOOKUP_TOKENS);
+  cli_print_opts(f, ho, HOT_N_OPTS);
+}
+
+int cmd_bench(int argc, char **argv)
+{
+  if (argc < 2) {
+    fprintf(stderr, "kvtier bench: which benchmark? 'share' or 'hot' (kvtier help bench)\n");
+    return CLI_USAGE;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    bench_usage(stdout);
+    return CLI_OK;
+  }
+  if (strcmp(argv[1], "share") == 0) return bench_share(argc - 2, argv + 2);
+  if (strcmp(argv[1], "hot") == 0) return bench_hot(argc - 2, argv + 2);
+  fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share' and 'hot'\n", argv[1]);
+  return CLI_USAGE;
+}
