@@ -95,58 +95,50 @@ static void attend_head(const attend_ctx *c, kvt_lblk *const *blk, size_t n, uin
   if (lse) *lse = m + logf(l);
 }
 
-static size_t retained(const kvt_seq *s, uint32_t layer, kvt_lblk **blk) {
-  uint32_t L = s->ns->desc.shape.n_layers;
-  size_t n = 0;
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
-    kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (lb && blk) blk[n] = lb;
-    n += lb != NULL;
-  }
-  return n;
-}
-
 int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                    float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks) {
   if (!s || !q || !out || !n_blocks) return KVT_ENULL;
+  *n_blocks = 0;
   kvt_engine *e = s->e;
   const kvt_shape *sh = &s->ns->desc.shape;
   if (layer >= sh->n_layers) return KVT_ENOTFOUND;
   if (n_q_heads == 0 || n_q_heads % sh->n_kv_heads || n_q_heads > KVT_MAX_HEADS * 64)
     return KVT_ECOUNT;
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
-  size_t n = retained(s, layer, NULL);
-  *n_blocks = n;
-  if (block_mass && max_blocks < n) return KVT_EBUFSIZE;
   if (scale == 0) scale = 1.0f / sqrtf((float)sh->head_dim);
   attend_ctx c = {.ns = s->ns, .layer = layer, .T = sh->block_tokens, .H = sh->n_kv_heads,
                   .D = sh->head_dim, .vdim = kvt_codec_vdim(sh->head_dim),
                   .es = kvt_dtype_size(sh->dtype),
                   .cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
                          .head_dim = sh->head_dim, .seed = kvt_layer_seed(s->ns, layer)}};
-  if (block_mass) memset(block_mass, 0, n * sizeof *block_mass);
-  if (n == 0) {
-    memset(out, 0, (size_t)n_q_heads * c.D * sizeof *out);
-    for (uint32_t h = 0; lse && h < n_q_heads; h++) lse[h] = -INFINITY;
-    return 0;
-  }
-  size_t blk_bytes = n * sizeof(kvt_lblk *), sc_bytes = n * c.T * sizeof(float);
+  size_t cap = s->n_blocks ? s->n_blocks : 1;
+  size_t blk_bytes = cap * sizeof(kvt_lblk *), sc_bytes = cap * c.T * sizeof(float);
   kvt_lblk **blk = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, blk_bytes);
   float *scores = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, sc_bytes);
   int rc = (!blk || !scores) ? -ENOMEM : 0;
+  size_t n = 0;
   if (!rc) {
-    retained(s, layer, blk);
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < n; i++) kvt_lblk_pin(e, blk[i]);
+    n = kvt_retained_pin(s, layer, blk, NULL);
+    e->st.attends++;
     pthread_mutex_unlock(&e->lock);
-    rc = check_warm(&c, blk, n);
+    *n_blocks = n;
+    rc = (block_mass && max_blocks < n) ? KVT_EBUFSIZE : check_warm(&c, blk, n);
+  }
+  if (!rc) {
+    if (block_mass) memset(block_mass, 0, n * sizeof *block_mass);
+    if (n == 0) {
+      memset(out, 0, (size_t)n_q_heads * c.D * sizeof *out);
+      for (uint32_t h = 0; lse && h < n_q_heads; h++) lse[h] = -INFINITY;
+    }
     uint32_t group = n_q_heads / c.H;
-    for (uint32_t h = 0; h < n_q_heads && !rc; h++)
+    for (uint32_t h = 0; n && h < n_q_heads; h++)
       attend_head(&c, blk, n, h / group, q + (size_t)h * c.D, scale, scores, out + (size_t)h * c.D,
                   lse ? lse + h : NULL, block_mass);
+  }
+  if (blk && n) {
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < n; i++) kvt_lblk_unpin(e, blk[i]);
-    e->st.attends++;
+    kvt_retained_unpin(e, blk, n);
     pthread_mutex_unlock(&e->lock);
   }
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, blk_bytes);

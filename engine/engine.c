@@ -5,6 +5,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,13 @@ void kvt_options_init(kvt_options *opt) {
   opt->max_namespaces = 256;
   opt->max_seq_blocks = 1u << 20;
   opt->max_load_reqs = 65536;
+  opt->cold_segment_bytes = 64ull << 20;
+  opt->cold_group_bytes = 16ull << 20;
+  opt->cold_index_bytes = 8ull << 30;
+  opt->cold_admit_min_seen = 1;
+  opt->cold_compress = 0; /* measured: zstd halves write throughput for ~14% */
+  opt->io_backend = KVT_BACKEND_AUTO;
+  opt->io_depth = 64;
   /* Estimates for kvt_lookup(), from MEASURED.md: memcpy ~5 GB/s, warm
    * decode ~2 GB/s, cold O_DIRECT reads ~1 GB/s plus ~80 us latency. */
   const double gbps[KVT_N_TIERS] = {0, 5.0, 2.0, 1.0};
@@ -47,10 +55,29 @@ static int options_check(const kvt_options *o) {
       return KVT_EOPTION;
   }
   if (o->tier_bytes_limit[KVT_TIER_NONE] != 0) return KVT_EOPTION;
+  if (o->io_backend > KVT_BACKEND_PREAD || o->io_depth == 0 || o->io_depth > 4096) return KVT_EOPTION;
+  if (o->cold_compress > 1 || o->cold_group_bytes == 0) return KVT_EOPTION;
+  if (o->tier_bytes_limit[KVT_TIER_COLD]) {
+    if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096) return KVT_EOPTION;
+    if (o->tier_bytes_limit[KVT_TIER_COLD] < o->cold_segment_bytes) return KVT_EOPTION;
+    if (o->cold_index_bytes < (1u << 20)) return KVT_EOPTION;
+  }
+  if (o->test_fault.kind > 5) return KVT_EOPTION;
   return 0;
 }
 
+static void nsrec_free(kvt_engine *e, kvt_nsrec *ns);
+
 /* ---------- open / close ---------- */
+
+/* A writer has a cold tier when it is given a limit; a reader opens the
+ * one the store has, so stat and fsck work beside a live writer. */
+static int want_cold(const kvt_engine *e, const char *dir) {
+  if (!kvt_rdonly(e)) return e->opt.tier_bytes_limit[KVT_TIER_COLD] > 0;
+  char path[4200];
+  if (snprintf(path, sizeof path, "%s/index", dir) >= (int)sizeof path) return 0;
+  return kvt_io_exists(path);
+}
 
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
   if (!out) return KVT_ENULL;
@@ -89,7 +116,15 @@ int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
     goto fail;
   }
   rc = kvt_io_dir_open(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
+  if (!rc && want_cold(e, dir)) rc = kvt_cold_start(e, dir);
+  if (!rc && e->cold) rc = kvt_ns_load(e);
   if (rc) {
+    pthread_mutex_lock(&e->lock);
+    if (e->cold) kvt_cold_stop(e);
+    for (uint32_t i = 0; i < e->n_ns; i++)
+      if (e->ns[i]) nsrec_free(e, e->ns[i]);
+    pthread_mutex_unlock(&e->lock);
+    kvt_io_dir_close(e->lock_fd);
     pthread_mutex_destroy(&e->lock);
     goto fail;
   }
@@ -112,6 +147,7 @@ static void nsrec_free(kvt_engine *e, kvt_nsrec *ns) {
 void kvt_engine_close(kvt_engine *e) {
   if (!e) return;
   pthread_mutex_lock(&e->lock);
+  if (e->cold) kvt_cold_stop(e); /* drains the flush queue first */
   while (e->loads.next != &e->loads) kvt_load_free_locked(e->loads.next);
   while (e->seqs.next != &e->seqs) kvt_seq_free_locked(e->seqs.next);
   for (size_t i = 0; i < e->n_buckets; i++)
@@ -126,12 +162,6 @@ void kvt_engine_close(kvt_engine *e) {
   free(e->ns);
   free(e->ns_gen);
   free(e);
-}
-
-int kvt_sync(kvt_engine *e) {
-  if (!e) return KVT_ENULL;
-  if (kvt_rdonly(e)) return KVT_ERDONLY;
-  return 0; /* nothing is durable before the cold tier exists */
 }
 
 int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
@@ -149,7 +179,25 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
   st->other_bytes = kvt_mem_bytes(&e->mem, KVT_MEM_OTHER);
   st->total_bytes = kvt_mem_total(&e->mem);
   st->token_blocks = e->n_tblks;
+  kvt_cold *cold = e->cold;
   pthread_mutex_unlock(&e->lock);
+  if (cold) {
+    kvt_cold_stats cs;
+    kvt_cold_stats_get(cold, &cs);
+    st->cold_records = cs.records;
+    st->cold_reads = cs.reads;
+    st->cold_read_bytes = cs.read_bytes;
+    st->cold_write_bytes = cs.bytes_written;
+    st->cold_checksum_failures = cs.checksum_failures;
+    st->cold_write_failures = cs.write_failures;
+    st->cold_segments = cs.segments;
+    st->tier_bytes[KVT_TIER_COLD] = cs.live_bytes;
+    st->tier_blocks[KVT_TIER_COLD] = cs.records;
+    st->tier_limit[KVT_TIER_COLD] = cs.bytes_limit;
+    st->evictions[KVT_TIER_COLD] = cs.evictions;
+    snprintf(st->io_backend, sizeof st->io_backend, "%s", cs.backend);
+    snprintf(st->io_why, sizeof st->io_why, "%s", cs.why);
+  }
   return 0;
 }
 
@@ -197,7 +245,7 @@ int kvt_finite_check(const void *data, size_t n, uint32_t dtype) {
 
 /* ---------- namespaces ---------- */
 
-kvt_nsrec *kvt_ns_get(kvt_engine *e, kvt_ns_id id) {
+kvt_nsrec *kvt_ns_find(kvt_engine *e, kvt_ns_id id) {
   uint32_t slot = id & 0xFFFF;
   kvt_nsrec *ns = slot < e->n_ns ? e->ns[slot] : NULL;
   return ns && ns->id == id ? ns : NULL;
@@ -269,36 +317,80 @@ static kvt_nsrec *nsrec_new(kvt_engine *e, const kvt_ns_desc *d) {
   return ns;
 }
 
-int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *d, kvt_ns_id *out) {
-  if (!e || !d || !out) return KVT_ENULL;
-  int rc = ns_desc_check(d);
-  if (rc) return rc;
-  if (kvt_rdonly(e)) return KVT_ERDONLY;
-  pthread_mutex_lock(&e->lock);
+/* Find or add namespace d, with the lock held; persist says whether to
+ * write it to the cold tier (not when it was just read from there). */
+static int ns_add_locked(kvt_engine *e, const kvt_ns_desc *d, int persist, kvt_ns_id *out) {
   for (uint32_t i = 0; i < e->n_ns; i++) {
     kvt_nsrec *ns = e->ns[i];
     if (!ns || !same_identity(&ns->desc, d)) continue;
-    rc = memcmp(&ns->desc.shape, &d->shape, sizeof d->shape) ? KVT_ENSCONFLICT : 0;
+    int rc = memcmp(&ns->desc.shape, &d->shape, sizeof d->shape) ? KVT_ENSCONFLICT : 0;
     if (!rc) *out = ns->id;
-    goto done;
+    return rc;
   }
   uint32_t slot = 0;
   while (slot < e->n_ns && e->ns[slot]) slot++;
-  if (slot >= e->opt.max_namespaces) {
-    rc = KVT_ELIMIT;
-    goto done;
-  }
+  if (slot >= e->opt.max_namespaces) return KVT_ELIMIT;
   kvt_nsrec *ns = nsrec_new(e, d);
-  if (!ns) {
-    rc = -ENOMEM;
-    goto done;
+  if (!ns) return -ENOMEM;
+  if (persist && kvt_cold_on(e)) { /* persisted before anything of it can be */
+    uint8_t enc[KVT_NS_ENCODE_MAX];
+    size_t len = kvt_ns_encode(&ns->desc, enc, sizeof enc);
+    int rc = kvt_cold_ns_put(e->cold, &ns->seed, enc, len);
+    if (rc) {
+      nsrec_free(e, ns);
+      return rc;
+    }
   }
   ns->id = slot | (uint32_t)e->ns_gen[slot] << 16;
   *out = ns->id;
   e->ns[slot] = ns;
   if (slot == e->n_ns) e->n_ns++;
   e->st.namespaces++;
-done:
+  return 0;
+}
+
+int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *d, kvt_ns_id *out) {
+  if (!e || !d || !out) return KVT_ENULL;
+  int rc = ns_desc_check(d);
+  if (rc) return rc;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  pthread_mutex_lock(&e->lock);
+  rc = ns_add_locked(e, d, 1, out);
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+/* kvt_cold_ns_each callback: a namespace the store already has. */
+static int ns_load_one(void *arg, const kvt_key *seed, const uint8_t *enc, size_t len) {
+  kvt_engine *e = arg;
+  kvt_ns_desc d;
+  char strs[3 * (KVT_MAX_ID_LEN + 1)];
+  kvt_key check;
+  kvt_ns_id id;
+  if (kvt_ns_decode(enc, len, &d, strs) || ns_desc_check(&d)) return KVT_ECORRUPT;
+  kvt_ns_seed_of(&d, &check);
+  if (!kvt_key_eq(&check, seed)) return KVT_ECORRUPT;
+  return ns_add_locked(e, &d, 0, &id);
+}
+
+int kvt_ns_load(kvt_engine *e) {
+  pthread_mutex_lock(&e->lock);
+  int rc = kvt_cold_ns_each(e->cold, ns_load_one, e);
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+int kvt_ns_get(kvt_engine *e, uint32_t index, kvt_ns_id *id, kvt_ns_desc *desc) {
+  if (!e || !id || !desc) return KVT_ENULL;
+  pthread_mutex_lock(&e->lock);
+  uint32_t seen = 0;
+  int rc = KVT_ENOTFOUND;
+  for (uint32_t i = 0; i < e->n_ns && rc; i++) {
+    if (!e->ns[i] || seen++ != index) continue;
+    *id = e->ns[i]->id;
+    *desc = e->ns[i]->desc;
+    rc = 0;
+  }
   pthread_mutex_unlock(&e->lock);
   return rc;
 }
@@ -306,7 +398,7 @@ done:
 int kvt_ns_shape(kvt_engine *e, kvt_ns_id id, kvt_shape *out) {
   if (!e || !out) return KVT_ENULL;
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   if (ns) *out = ns->desc.shape;
   pthread_mutex_unlock(&e->lock);
   return ns ? 0 : KVT_ENOTFOUND;
@@ -315,7 +407,7 @@ int kvt_ns_shape(kvt_engine *e, kvt_ns_id id, kvt_shape *out) {
 int kvt_ns_seed(kvt_engine *e, kvt_ns_id id, kvt_key *out) {
   if (!e || !out) return KVT_ENULL;
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   if (ns) *out = ns->seed;
   pthread_mutex_unlock(&e->lock);
   return ns ? 0 : KVT_ENOTFOUND;
@@ -326,7 +418,7 @@ int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, i
   const kvt_codec *kc = kvt_codec_get(k_codec), *vc = kvt_codec_get(v_codec);
   if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   int rc = 0;
   if (!ns || (layer != KVT_ALL_LAYERS && layer >= ns->desc.shape.n_layers)) {
     rc = KVT_ENOTFOUND;
@@ -365,7 +457,7 @@ int kvt_codec_parse(const char *name, int *k_codec, int *v_codec) {
  * immutable until dropped, so the copies stay right for the caller. */
 static int ns_chain_params(kvt_engine *e, kvt_ns_id id, kvt_key *seed, uint32_t *bt) {
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   if (ns) {
     *seed = ns->seed;
     *bt = ns->desc.shape.block_tokens;
@@ -394,7 +486,7 @@ int kvt_ns_drop(kvt_engine *e, kvt_ns_id id) {
   if (!e) return KVT_ENULL;
   if (kvt_rdonly(e)) return KVT_ERDONLY;
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   int rc = !ns ? KVT_ENOTFOUND : (ns->n_seqs || ns->n_loads) ? KVT_EBUSY : 0;
   if (!rc) {
     for (size_t i = 0; i < e->n_buckets; i++) {
@@ -406,8 +498,10 @@ int kvt_ns_drop(kvt_engine *e, kvt_ns_id id) {
     }
     e->ns[id & 0xFFFF] = NULL;
     e->ns_gen[id & 0xFFFF]++;
+    kvt_key seed = ns->seed;
     nsrec_free(e, ns);
     e->st.namespaces--;
+    if (kvt_cold_on(e)) rc = kvt_cold_drop(e->cold, &seed, NULL, 0, NULL);
   }
   pthread_mutex_unlock(&e->lock);
   return rc;
@@ -492,12 +586,37 @@ static void lblk_destroy(kvt_engine *e, kvt_lblk *b) {
   kvt_tier_state *t = &e->tier[b->tier];
   kvt_tblk *tb = b->tb;
   assert(b->refs == 0 && b->pins == 0 && tb->layers[b->layer] == b);
-  if (b->on_lru) kvt_tier_lru_remove(t, b);
-  kvt_tier_unaccount(t, b);
   tb->layers[b->layer] = NULL;
   tb->n_present--;
-  kvt_lblk_free(&e->mem, t->mem_cat, b);
+  if (b->tier == KVT_TIER_COLD) { /* a descriptor only: its bytes are on disk */
+    kvt_lblk_free(&e->mem, KVT_MEM_INDEX, b);
+  } else {
+    if (b->on_lru) kvt_tier_lru_remove(t, b);
+    kvt_tier_unaccount(t, b);
+    kvt_lblk_free(&e->mem, t->mem_cat, b);
+  }
   kvt_tblk_maybe_free(e, tb);
+}
+
+/* A referenced block whose token block is durable leaves RAM: its payload
+ * goes, its descriptor stays (sequences point to it) with tier COLD, and
+ * reads of it go to the cold tier. */
+static void to_cold(kvt_engine *e, kvt_lblk *b) {
+  kvt_tier_state *t = &e->tier[b->tier];
+  assert(b->refs > 0 && b->pins == 0 && !b->on_lru && b->tb->cold);
+  kvt_tier_unaccount(t, b);
+  kvt_payload_free(&e->mem, t->mem_cat, b);
+  kvt_mem_move(&e->mem, t->mem_cat, KVT_MEM_INDEX, kvt_lblk_desc_bytes());
+  b->tier = KVT_TIER_COLD;
+  b->cost = 0;
+  t->evictions++;
+}
+
+/* Oldest referenced block of t that may leave RAM for the cold tier. */
+static kvt_lblk *durable_victim(kvt_tier_state *t) {
+  for (kvt_lblk *b = t->all.all_next; b != &t->all; b = b->all_next)
+    if (b->pins == 0 && !b->busy && b->refs > 0 && b->tb->cold) return b;
+  return NULL;
 }
 
 void kvt_lblk_ref(kvt_engine *e, kvt_lblk *b) {
@@ -512,7 +631,11 @@ void kvt_lblk_ref(kvt_engine *e, kvt_lblk *b) {
 /* The last reference gone: cached for reuse (LRU), or freed when its token
  * block was dropped and it is no longer pinned. */
 static void lblk_idle(kvt_engine *e, kvt_lblk *b) {
-  if (!b->tb->indexed) {
+  if (b->held && !b->tb->queued) { /* nobody needs it written any more */
+    b->held = 0;
+    kvt_tier_unpin(&e->tier[b->tier], b);
+  }
+  if (!b->tb->indexed || b->tier == KVT_TIER_COLD) {
     if (b->pins == 0) lblk_destroy(e, b);
   } else {
     kvt_tier_lru_push(&e->tier[b->tier], b);
@@ -530,18 +653,29 @@ void kvt_lblk_pin(kvt_engine *e, kvt_lblk *b) { kvt_tier_pin(&e->tier[b->tier], 
 
 void kvt_lblk_unpin(kvt_engine *e, kvt_lblk *b) {
   kvt_tier_unpin(&e->tier[b->tier], b);
-  if (b->pins == 0 && b->refs == 0 && !b->tb->indexed) lblk_destroy(e, b);
+  if (b->pins == 0 && b->refs == 0 && (!b->tb->indexed || b->tier == KVT_TIER_COLD))
+    lblk_destroy(e, b);
 }
 
-/* Drop unreferenced blocks of t, least recent first, until cost fits.
- * Checks first, so a refusal changes nothing. */
+/* Without a cold tier: drop unreferenced blocks of t, least recent first,
+ * until cost fits, checking first so that a refusal changes nothing.
+ * With one: also let durable referenced blocks leave RAM, and wait for the
+ * flusher when what pins the tier is waiting to be written. */
 int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
-  if (!kvt_tier_can_fit(t, cost)) return KVT_EFULL;
+  if (!kvt_cold_on(e) && !kvt_tier_can_fit(t, cost)) return KVT_EFULL;
+  if (cost > t->bytes_limit) return KVT_EFULL;
   while (t->bytes_used + cost > t->bytes_limit) {
     kvt_lblk *v = kvt_tier_lru_victim(t);
-    assert(v); /* can_fit said enough is evictable */
-    t->evictions++;
-    lblk_destroy(e, v);
+    if (v) {
+      t->evictions++;
+      lblk_destroy(e, v);
+    } else if ((v = durable_victim(t))) {
+      to_cold(e, v);
+    } else if (kvt_cold_on(e) && kvt_cold_pending(e)) {
+      pthread_cond_wait(&e->flushed, &e->lock);
+    } else {
+      return KVT_EFULL;
+    }
   }
   return 0;
 }
@@ -552,19 +686,23 @@ static int demote(kvt_engine *e, kvt_lblk *b) {
   kvt_tier_state *hot = &e->tier[KVT_TIER_HOT], *warm = &e->tier[KVT_TIER_WARM];
   kvt_nsrec *ns = b->tb->ns;
   uint32_t l = b->layer;
+  int kc = ns->k_codec[l], vc = ns->v_codec[l]; /* kvt_ns_set_codec() writes them locked */
   kvt_warm_form f;
   b->busy = 1;
   kvt_lblk_pin(e, b);
   pthread_mutex_unlock(&e->lock);
   const uint8_t *k = b->payload, *v = k ? k + ns->bytes_each : NULL;
-  int rc = kvt_warm_encode(&e->mem, &ns->lite, k, v, ns->k_codec[l], ns->v_codec[l],
-                           kvt_layer_seed(ns, l), &f);
+  int rc = kvt_warm_encode(&e->mem, &ns->lite, k, v, kc, vc, kvt_layer_seed(ns, l), &f);
   pthread_mutex_lock(&e->lock);
   b->busy = 0;
   kvt_tier_unpin(hot, b); /* not kvt_lblk_unpin: b is still needed here */
   if (b->refs == 0 && b->pins == 0 && !b->tb->indexed) { /* dropped while we encoded */
     if (f.payload) kvt_mem_free(&e->mem, KVT_MEM_WARM, f.payload, f.alloc);
     lblk_destroy(e, b);
+    return rc;
+  }
+  if (b->pins > 0) { /* a reader pinned it meanwhile and may be copying it */
+    if (f.payload) kvt_mem_free(&e->mem, KVT_MEM_WARM, f.payload, f.alloc);
     return rc;
   }
   uint64_t cost = kvt_lblk_desc_bytes() + f.alloc;
@@ -616,11 +754,17 @@ int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int ti
   kvt_tier_account(&e->tier[tier], b);
   tb->layers[layer] = b;
   tb->n_present++;
+  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload) {
+    b->held = 1; /* keep the exact bytes until they are written */
+    kvt_lblk_pin(e, b);
+  }
+  kvt_cold_consider(e, tb);
   return 0;
 }
 
 int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out) {
   size_t each = ns->bytes_each;
+  if (b->tier == KVT_TIER_COLD) return KVT_ENOTFOUND; /* the caller reads the cold tier */
   if (b->tier == KVT_TIER_WARM)
     return kvt_warm_decode(&ns->lite, b, kvt_layer_seed(ns, b->layer), k_out, v_out);
   memcpy(k_out, b->payload, each);
@@ -653,22 +797,29 @@ static double est_load_us(const kvt_engine *e, int tier, uint64_t bytes) {
 }
 
 /* Is tb stored in every layer? Then touch its idle layers and describe it. */
+static void lookup_entry(kvt_lookup_entry *ent, const kvt_key *key, int tier, double us) {
+  if (!ent) return;
+  ent->key = *key;
+  ent->tier = (uint32_t)tier;
+  ent->pad = 0;
+  ent->est_load_us = us;
+}
+
+/* Is tb stored in every layer (in RAM, or durable in the cold tier)? Then
+ * touch its idle layers and describe it. */
 static int lookup_hit(kvt_engine *e, kvt_tblk *tb, kvt_lookup_entry *ent) {
-  if (!tb || !tb->indexed || tb->n_present != tb->n_layers) return 0;
+  if (!tb || !tb->indexed || (tb->n_present != tb->n_layers && !tb->cold)) return 0;
   int slowest = KVT_TIER_HOT;
   double us = 0;
+  uint64_t each2 = 2 * (uint64_t)tb->ns->bytes_each;
   for (uint32_t l = 0; l < tb->n_layers; l++) {
     kvt_lblk *b = tb->layers[l];
-    kvt_tier_lru_touch(&e->tier[b->tier], b);
-    if (b->tier > slowest) slowest = b->tier;
-    us += est_load_us(e, b->tier, b->payload_bytes);
+    int tier = b ? b->tier : KVT_TIER_COLD;
+    if (b && tier != KVT_TIER_COLD) kvt_tier_lru_touch(&e->tier[tier], b);
+    if (tier > slowest) slowest = tier;
+    us += est_load_us(e, tier, each2);
   }
-  if (ent) {
-    ent->key = tb->key;
-    ent->tier = (uint32_t)slowest;
-    ent->pad = 0;
-    ent->est_load_us = us;
-  }
+  lookup_entry(ent, &tb->key, slowest, us);
   return 1;
 }
 
@@ -680,20 +831,29 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tok
   uint32_t bt;
   int rc = ns_chain_params(e, id, &seed, &bt);
   if (rc) return rc;
+  kvt_shape sh;
+  kvt_ns_shape(e, id, &sh);
+  double cold_us = sh.n_layers * est_load_us(e, KVT_TIER_COLD, 2 * (uint64_t)kvt_shape_block_bytes(&sh));
   size_t n = n_tokens / bt, found = 0;
   int miss = 0;
   for (size_t i0 = 0; i0 < n && !miss; i0 += KEY_BATCH) {
-    size_t m = n - i0 < KEY_BATCH ? n - i0 : KEY_BATCH;
-    for (size_t j = 0; j < m; j++)
-      kvt_key_next(&seed, j ? &keys[j - 1] : (i0 ? &keys[KEY_BATCH - 1] : NULL),
-                   tokens + (i0 + j) * bt, bt, &keys[j]);
-    pthread_mutex_lock(&e->lock);
-    for (size_t j = 0; j < m && !miss; j++) {
-      kvt_lookup_entry *ent = found < max_out ? &out[found] : NULL;
-      if (lookup_hit(e, kvt_index_find(e, &keys[j]), ent)) found++;
-      else miss = 1;
+    size_t m = n - i0 < KEY_BATCH ? n - i0 : KEY_BATCH, j = 0;
+    for (size_t k = 0; k < m; k++)
+      kvt_key_next(&seed, k ? &keys[k - 1] : (i0 ? &keys[KEY_BATCH - 1] : NULL),
+                   tokens + (i0 + k) * bt, bt, &keys[k]);
+    while (j < m && !miss) {
+      pthread_mutex_lock(&e->lock);
+      for (; j < m; j++, found++)
+        if (!lookup_hit(e, kvt_index_find(e, &keys[j]), found < max_out ? &out[found] : NULL)) break;
+      pthread_mutex_unlock(&e->lock);
+      if (j == m) break;
+      /* Not in RAM: the cold tier may have this block and more. */
+      size_t c = e->cold ? kvt_cold_prefix(e->cold, keys + j, m - j) : 0;
+      for (size_t k = 0; k < c; k++, found++)
+        lookup_entry(found < max_out ? &out[found] : NULL, &keys[j + k], KVT_TIER_COLD, cold_us);
+      j += c;
+      miss = c == 0;
     }
-    pthread_mutex_unlock(&e->lock);
   }
   pthread_mutex_lock(&e->lock);
   e->st.lookups++;
@@ -763,26 +923,35 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
     kvt_key_next(&seed, &prev, tokens + i * bt, bt, &cur);
   }
   pthread_mutex_lock(&e->lock);
-  /* Find what extends the prefix first, so that a failure changes nothing. */
+  /* Find what extends the prefix first, so that a failure changes nothing.
+   * A token block durable in the cold tier is counted by the cold drop. */
   kvt_tblk *last = kvt_index_find(e, &cur), **d = NULL;
   size_t nd = 0, cap = 0;
   if (last) rc = descendants(e, last, &d, &nd, &cap);
   uint64_t count = 0;
   if (!rc) {
-    for (size_t i = 0; i < nd; i++) kvt_drop_tblk(e, d[i]);
-    count += nd;
+    for (size_t i = 0; i < nd; i++) {
+      count += !d[i]->cold;
+      kvt_drop_tblk(e, d[i]);
+    }
     kvt_mem_free(&e->mem, KVT_MEM_OTHER, d, cap * sizeof *d);
     for (size_t i = 0; i < n; i++) {
       kvt_key_next(&seed, i ? &prev : NULL, tokens + i * bt, bt, &cur);
       prev = cur;
       kvt_tblk *tb = kvt_index_find(e, &cur);
       if (tb) {
+        count += !tb->cold;
         kvt_drop_tblk(e, tb);
-        count++;
       }
+      if (kvt_cold_on(e) && i + 1 < n) count += kvt_cold_remove(e->cold, &cur) == 0;
     }
   }
   pthread_mutex_unlock(&e->lock);
+  if (!rc && kvt_cold_on(e)) { /* the last block and all that extends it, durably */
+    uint64_t cold_n = 0;
+    rc = kvt_cold_drop(e->cold, &seed, &cur, (uint32_t)(n - 1), &cold_n);
+    count += cold_n;
+  }
   if (dropped) *dropped = count;
   return rc;
 }

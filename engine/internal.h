@@ -17,6 +17,7 @@
 #include "engine/key.h"
 #include "engine/mem.h"
 #include "kvtier.h"
+#include "tiers/cold.h"
 #include "tiers/tier.h"
 
 typedef struct kvt_nsrec {
@@ -44,6 +45,10 @@ typedef struct kvt_tblk {
   uint32_t n_layers;
   uint8_t indexed;
   uint8_t mark;               /* scratch for kvt_drop_prefix */
+  uint8_t cold;               /* durable in the cold tier */
+  uint8_t queued;             /* waiting for the flusher (its layers pinned) */
+  uint32_t seen;              /* appends of it (admission) */
+  struct kvt_tblk *fq_next;   /* flush queue */
   kvt_lblk *layers[];         /* [n_layers] */
 } kvt_tblk;
 
@@ -63,6 +68,10 @@ struct kvt_load {
   kvt_load_req *reqs;
   kvt_lblk **blk;             /* [n]; pinned, or NULL when not found */
   size_t n;
+  kvt_cold_read *cr;          /* [n_cr] reads submitted to the cold tier */
+  uint32_t *cr_idx;           /* which request each one is */
+  size_t n_cr;
+  kvt_cold_batch *cb;         /* NULL once waited for */
 };
 
 struct kvt_engine {
@@ -81,6 +90,16 @@ struct kvt_engine {
   kvt_seq seqs;               /* sentinel */
   kvt_load loads;             /* sentinel */
   kvt_stats st;               /* counters; gauges are filled by kvt_stats_get */
+
+  /* cold tier (NULL without one) and its flusher thread */
+  kvt_cold *cold;
+  pthread_t flusher;
+  int flusher_on, stop;
+  pthread_cond_t work;        /* queue not empty, or stop */
+  pthread_cond_t flushed;     /* a group finished */
+  kvt_tblk *fq_head, *fq_tail;
+  uint64_t enqueued, completed; /* token blocks ever queued / finished */
+  int cold_err;               /* first failure since the last kvt_sync */
 };
 
 static inline int kvt_rdonly(const kvt_engine *e) { return (e->opt.flags & KVT_OPEN_RDONLY) != 0; }
@@ -89,7 +108,7 @@ static inline int kvt_meta_only(const kvt_engine *e) {
 }
 
 /* engine.c, with e->lock held */
-kvt_nsrec *kvt_ns_get(kvt_engine *e, kvt_ns_id id);
+kvt_nsrec *kvt_ns_find(kvt_engine *e, kvt_ns_id id);
 kvt_tblk *kvt_index_find(kvt_engine *e, const kvt_key *k);
 void kvt_index_insert(kvt_engine *e, kvt_tblk *tb);
 void kvt_index_remove(kvt_engine *e, kvt_tblk *tb);
@@ -119,8 +138,23 @@ static inline uint64_t kvt_layer_seed(const kvt_nsrec *ns, uint32_t layer) {
 int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out);
 void kvt_drop_tblk(kvt_engine *e, kvt_tblk *tb);
 
+/* engine.c: namespaces the store already has */
+int kvt_ns_load(kvt_engine *e);
+
+/* flush.c */
+int kvt_cold_start(kvt_engine *e, const char *dir);
+void kvt_cold_stop(kvt_engine *e);
+/* A layer of tb was just published: queue tb for the cold tier when it is
+ * complete in every layer, exact, and admitted. With the lock held. */
+void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
+/* Is it worth waiting for the flusher to free pinned hot blocks? */
+int kvt_cold_pending(const kvt_engine *e);
+static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
+
 /* seq.c */
 void kvt_seq_free_locked(kvt_seq *s);
+size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *idx);
+void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n);
 void kvt_load_free_locked(kvt_load *ld);
 
 /* validation shared by put and the tests of shapes (engine.c) */

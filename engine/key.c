@@ -5,6 +5,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <stddef.h>
 #include <string.h>
 
 #include "engine/key.h"
@@ -89,3 +90,42 @@ uint64_t kvt_key_hash(const kvt_key *k) {
 }
 
 int kvt_key_eq(const kvt_key *a, const kvt_key *b) { return memcmp(a->b, b->b, 16) == 0; }
+
+static int get_u32(const uint8_t **p, const uint8_t *end, uint32_t *v) {
+  if (end - *p < 4) return -1;
+  *v = (uint32_t)(*p)[0] | (uint32_t)(*p)[1] << 8 | (uint32_t)(*p)[2] << 16 | (uint32_t)(*p)[3] << 24;
+  *p += 4;
+  return 0;
+}
+
+/* A string field: copied NUL-terminated into *strs (advanced). */
+static int get_str(const uint8_t **p, const uint8_t *end, char **strs, const char **out) {
+  uint32_t n;
+  if (get_u32(p, end, &n) || n > KVT_MAX_ID_LEN || end - *p < (ptrdiff_t)n) return -1;
+  memcpy(*strs, *p, n);
+  (*strs)[n] = 0;
+  *out = *strs;
+  *strs += n + 1;
+  *p += n;
+  return 0;
+}
+
+int kvt_ns_decode(const uint8_t *buf, size_t len, kvt_ns_desc *d, char *strs) {
+  const uint8_t *p = buf, *end = buf + len;
+  uint32_t lo, hi;
+  if (len < 8 || memcmp(p, "KVTNS001", 8)) return KVT_ECORRUPT;
+  p += 8;
+  *d = (kvt_ns_desc){0};
+  if (get_str(&p, end, &strs, &d->model_id) || get_str(&p, end, &strs, &d->weights_fingerprint) ||
+      get_u32(&p, end, &lo) || get_u32(&p, end, &hi))
+    return KVT_ECORRUPT;
+  uint64_t bits = (uint64_t)hi << 32 | lo;
+  memcpy(&d->rope_theta, &bits, 8);
+  if (get_u32(&p, end, &d->rope_dims) || get_str(&p, end, &strs, &d->rope_scaling) ||
+      get_u32(&p, end, &d->tp_rank) || get_u32(&p, end, &d->tp_size) ||
+      get_u32(&p, end, &d->shape.n_layers) || get_u32(&p, end, &d->shape.n_kv_heads) ||
+      get_u32(&p, end, &d->shape.head_dim) || get_u32(&p, end, &d->shape.dtype) ||
+      get_u32(&p, end, &d->shape.block_tokens) || p != end)
+    return KVT_ECORRUPT;
+  return 0;
+}

@@ -32,9 +32,15 @@ void *kvt_mem_calloc(kvt_mem *m, int cat, size_t size) {
 size_t kvt_mem_round(size_t size) { return (size + 63) & ~(size_t)63; }
 
 void *kvt_mem_alloc_aligned(kvt_mem *m, int cat, size_t size) {
-  size = kvt_mem_round(size);
+  return kvt_mem_alloc_align(m, cat, 64, size);
+}
+
+size_t kvt_mem_round_to(size_t size, size_t align) { return (size + align - 1) & ~(align - 1); }
+
+void *kvt_mem_alloc_align(kvt_mem *m, int cat, size_t align, size_t size) {
+  size = kvt_mem_round_to(size, align);
   if (size == 0 || injected_failure(m)) return NULL;
-  void *p = aligned_alloc(64, size);
+  void *p = aligned_alloc(align, size);
   if (p) atomic_fetch_add_explicit(&m->bytes[cat], size, memory_order_relaxed);
   return p;
 }
@@ -48,6 +54,10 @@ void kvt_mem_free(kvt_mem *m, int cat, void *p, size_t size) {
 void kvt_mem_move(kvt_mem *m, int from, int to, size_t bytes) {
   atomic_fetch_sub_explicit(&m->bytes[from], bytes, memory_order_relaxed);
   atomic_fetch_add_explicit(&m->bytes[to], bytes, memory_order_relaxed);
+}
+
+void kvt_mem_note(kvt_mem *m, int cat, int64_t delta) {
+  atomic_fetch_add_explicit(&m->bytes[cat], (uint64_t)delta, memory_order_relaxed);
 }
 
 uint64_t kvt_mem_bytes(const kvt_mem *m, int cat) {

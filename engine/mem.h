@@ -33,11 +33,16 @@ void *kvt_mem_calloc(kvt_mem *m, int cat, size_t size);
  * is counted: kvt_mem_round(size) tells it. */
 void *kvt_mem_alloc_aligned(kvt_mem *m, int cat, size_t size);
 size_t kvt_mem_round(size_t size);
+/* align (a power of two >= 64) and size rounded up to it, as counted. */
+void *kvt_mem_alloc_align(kvt_mem *m, int cat, size_t align, size_t size);
+size_t kvt_mem_round_to(size_t size, size_t align);
 /* Free p of the size it was allocated with (the rounded size for aligned). */
 void kvt_mem_free(kvt_mem *m, int cat, void *p, size_t size);
 /* Count bytes already allocated under another category (a block that
  * changed tier keeps its descriptor). */
 void kvt_mem_move(kvt_mem *m, int from, int to, size_t bytes);
+/* Count bytes allocated elsewhere (I/O buffers) under cat; delta may be < 0. */
+void kvt_mem_note(kvt_mem *m, int cat, int64_t delta);
 uint64_t kvt_mem_bytes(const kvt_mem *m, int cat);
 uint64_t kvt_mem_total(const kvt_mem *m);
 

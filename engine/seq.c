@@ -52,7 +52,7 @@ int kvt_seq_create(kvt_engine *e, kvt_ns_id id, kvt_seq **out) {
   if (kvt_rdonly(e)) return KVT_ERDONLY;
   int rc = 0;
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   if (!ns) rc = KVT_ENOTFOUND;
   else if (e->st.seqs >= e->opt.max_seqs) rc = KVT_ELIMIT;
   else if (!(*out = seq_alloc(e, ns, 0))) rc = -ENOMEM;
@@ -120,11 +120,6 @@ void kvt_seq_release(kvt_seq *s) {
 
 uint32_t kvt_seq_blocks(const kvt_seq *s) { return s ? s->n_blocks : 0; }
 
-uint32_t kvt_seq_durable(const kvt_seq *s) {
-  (void)s;
-  return 0; /* nothing is durable before the cold tier exists */
-}
-
 /* ---------- append ---------- */
 
 /* Grow s to hold one more block. Allocates before taking anything over,
@@ -183,6 +178,8 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   pthread_mutex_unlock(&e->lock);
   kvt_tblk *spare = found ? NULL : kvt_tblk_alloc(e, ns, &key, parent, b), *tb;
   if (!found && !spare) return -ENOMEM;
+  if (spare && e->cold) /* durable from an earlier run, or another path */
+    spare->cold = kvt_cold_find(e->cold, &key, NULL) == 0;
   int rc = seq_reserve(s);
   if (rc) {
     kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size);
@@ -192,8 +189,10 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   while (!(tb = tblk_get(e, s, &key, &spare))) { /* it left the index meanwhile */
     pthread_mutex_unlock(&e->lock);
     if (!(spare = kvt_tblk_alloc(e, ns, &key, parent, b))) return -ENOMEM;
+    if (e->cold) spare->cold = kvt_cold_find(e->cold, &key, NULL) == 0;
     pthread_mutex_lock(&e->lock);
   }
+  tb->seen++;
   tb->seq_refs++;
   s->tb[b] = tb;
   uint32_t present = 0;
@@ -202,18 +201,24 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
     s->lb[(size_t)b * L + l] = lb;
     if (lb) {
       kvt_lblk_ref(e, lb);
-      kvt_tier_lru_touch(&e->tier[lb->tier], lb);
-      present++;
+      if (lb->tier != KVT_TIER_COLD) {
+        kvt_tier_lru_touch(&e->tier[lb->tier], lb);
+        present++;
+      }
     }
   }
   e->st.dedup_hits += present;
   s->n_blocks = b + 1;
+  int durable = tb->cold;
+  kvt_cold_consider(e, tb); /* seen once more: admission may say yes now */
   pthread_mutex_unlock(&e->lock);
   kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size); /* unused: found it */
   if (info) {
     info->block = b;
     info->layers_present = present;
     info->key = key;
+    info->durable = (uint32_t)durable;
+    info->pad = 0;
   }
   return 0;
 }
@@ -359,6 +364,22 @@ static void count_read(kvt_engine *e, const kvt_lblk *b) {
 }
 
 
+/* Read (key, layer) from the cold tier. A record that fails a check is a
+ * miss: it leaves the index and the token block is no longer durable. */
+static int read_cold(kvt_engine *e, kvt_tblk *tb, const kvt_key *key, uint32_t layer, void *k_out,
+                     void *v_out, size_t each) {
+  if (!e->cold) return KVT_ENOTFOUND;
+  int rc = kvt_cold_read_layer(e->cold, key, layer, k_out, v_out, each);
+  if (rc != KVT_ECORRUPT) return rc;
+  kvt_cold_remove(e->cold, key);
+  if (tb) {
+    pthread_mutex_lock(&e->lock);
+    tb->cold = 0;
+    pthread_mutex_unlock(&e->lock);
+  }
+  return KVT_ENOTFOUND;
+}
+
 int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *v_out,
                  size_t bytes_each) {
   if (!s || !k_out || !v_out) return KVT_ENULL;
@@ -368,10 +389,13 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
   if (bytes_each != s->ns->bytes_each) return KVT_EBUFSIZE;
   kvt_lblk *b = s->lb[(size_t)block * L + layer];
-  if (!b) return KVT_ENOTFOUND;
+  kvt_tblk *tb = s->tb[block];
   pthread_mutex_lock(&e->lock);
-  kvt_lblk_pin(e, b);
+  int in_ram = b && b->tier != KVT_TIER_COLD, cold = tb->cold;
+  if (in_ram) kvt_lblk_pin(e, b);
   pthread_mutex_unlock(&e->lock);
+  if (!in_ram) return cold ? read_cold(e, tb, &tb->key, layer, k_out, v_out, bytes_each)
+                           : KVT_ENOTFOUND;
   int rc = kvt_lblk_copy_out(s->ns, b, k_out, v_out);
   pthread_mutex_lock(&e->lock);
   count_read(e, b);
@@ -381,23 +405,27 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
 }
 
 /* Retained blocks of (s, layer): until the policy layer exists, every
- * block the sequence references in that layer. */
-static size_t retained_count(const kvt_seq *s, uint32_t layer) {
+ * block the sequence references in that layer that is in RAM (hot or
+ * warm). With the lock held: pins them and lists them in blk (room for
+ * s->n_blocks) when blk is not NULL; returns how many. */
+size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *idx) {
   uint32_t L = s->ns->desc.shape.n_layers;
   size_t n = 0;
-  for (uint32_t b = 0; b < s->n_blocks; b++) n += s->lb[(size_t)b * L + layer] != NULL;
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    kvt_lblk *lb = s->lb[(size_t)b * L + layer];
+    if (!lb || lb->tier == KVT_TIER_COLD) continue;
+    if (blk) {
+      kvt_lblk_pin(s->e, lb);
+      blk[n] = lb;
+      if (idx) idx[n] = b;
+    }
+    n++;
+  }
   return n;
 }
 
-static void pin_layer(kvt_seq *s, uint32_t layer, int pin) {
-  kvt_engine *e = s->e;
-  uint32_t L = s->ns->desc.shape.n_layers;
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
-    kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (!lb) continue;
-    if (pin) kvt_lblk_pin(e, lb);
-    else kvt_lblk_unpin(e, lb);
-  }
+void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n) {
+  for (size_t i = 0; i < n; i++) kvt_lblk_unpin(e, blk[i]);
 }
 
 int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t *bytes_each,
@@ -406,48 +434,54 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   kvt_engine *e = s->e;
   uint32_t L = s->ns->desc.shape.n_layers;
   if (layer >= L) return KVT_ENOTFOUND;
-  size_t each = s->ns->bytes_each, n = retained_count(s, layer), need = n * each;
-  *n_blocks = n;
-  if (!k_out) {
-    *bytes_each = need;
+  size_t each = s->ns->bytes_each;
+  if (!k_out) { /* size query */
+    pthread_mutex_lock(&e->lock);
+    *n_blocks = kvt_retained_pin(s, layer, NULL, NULL);
+    pthread_mutex_unlock(&e->lock);
+    *bytes_each = *n_blocks * each;
     return 0;
   }
   if (!v_out) return KVT_ENULL;
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
-  if (*bytes_each < need || (blocks && max_blocks < n)) {
-    *bytes_each = need;
-    return KVT_EBUFSIZE;
-  }
+  size_t arr = (size_t)s->n_blocks * (sizeof(kvt_lblk *) + sizeof(uint32_t)) + 1;
+  kvt_lblk **blk = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, arr);
+  if (!blk) return -ENOMEM;
+  uint32_t *idx = (uint32_t *)(blk + s->n_blocks);
   pthread_mutex_lock(&e->lock);
-  pin_layer(s, layer, 1);
+  size_t n = kvt_retained_pin(s, layer, blk, idx), need = n * each;
+  int rc = (*bytes_each < need || (blocks && max_blocks < n)) ? KVT_EBUFSIZE : 0;
+  if (rc) kvt_retained_unpin(e, blk, n);
   pthread_mutex_unlock(&e->lock);
-  size_t i = 0;
-  uint32_t bt = s->ns->desc.shape.block_tokens;
-  int rc = 0;
-  for (uint32_t b = 0; b < s->n_blocks && !rc; b++) {
-    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (!lb) continue;
-    rc = kvt_lblk_copy_out(s->ns, lb, (uint8_t *)k_out + i * each, (uint8_t *)v_out + i * each);
-    if (blocks)
-      blocks[i] = (kvt_gathered){.block = b, .token_pos = b * bt, .tier = lb->tier,
-                                 .exact = lb->tier == KVT_TIER_HOT};
-    i++;
+  *n_blocks = n;
+  if (!rc) {
+    uint32_t bt = s->ns->desc.shape.block_tokens;
+    for (size_t i = 0; i < n && !rc; i++) {
+      const kvt_lblk *lb = blk[i];
+      rc = kvt_lblk_copy_out(s->ns, lb, (uint8_t *)k_out + i * each, (uint8_t *)v_out + i * each);
+      if (blocks)
+        blocks[i] = (kvt_gathered){.block = idx[i], .token_pos = idx[i] * bt, .tier = lb->tier,
+                                   .exact = lb->tier == KVT_TIER_HOT};
+    }
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; i < n; i++) count_read(e, blk[i]);
+    kvt_retained_unpin(e, blk, n);
+    pthread_mutex_unlock(&e->lock);
   }
-  pthread_mutex_lock(&e->lock);
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
-    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (lb) count_read(e, lb);
-  }
-  pin_layer(s, layer, 0);
-  pthread_mutex_unlock(&e->lock);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, arr);
   *bytes_each = need;
   return rc;
 }
 
 /* ---------- loads ---------- */
 
+/* A request's status while its block is to be read from the cold tier. */
+#define LOAD_FROM_COLD 1
+
 void kvt_load_free_locked(kvt_load *ld) {
   kvt_engine *e = ld->e;
+  kvt_cold_read_wait(ld->cb); /* the reader writes into cr and the caller's buffers */
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld->cr, ld->n_cr * (sizeof *ld->cr + sizeof *ld->cr_idx));
   for (size_t i = 0; i < ld->n; i++)
     if (ld->blk[i]) kvt_lblk_unpin(e, ld->blk[i]);
   ld->prev->next = ld->next;
@@ -463,6 +497,50 @@ static int load_req_check(const kvt_load_req *r, size_t each, uint32_t L) {
   return r->layer < L ? 0 : KVT_ENOTFOUND;
 }
 
+/* Start the reads of the requests that are not in RAM. If that fails they
+ * are read one by one in kvt_load_wait() instead. */
+static int load_cold_submit(kvt_engine *e, kvt_load *ld) {
+  size_t n = 0;
+  for (size_t i = 0; i < ld->n; i++) n += ld->reqs[i].status == LOAD_FROM_COLD;
+  if (!n) return 0;
+  size_t bytes = n * (sizeof *ld->cr + sizeof *ld->cr_idx);
+  kvt_cold_read *cr = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, bytes);
+  if (!cr) return 0;
+  uint32_t *idx = (uint32_t *)(cr + n);
+  for (size_t i = 0, j = 0; i < ld->n; i++) {
+    kvt_load_req *r = &ld->reqs[i];
+    if (r->status != LOAD_FROM_COLD) continue;
+    cr[j] = (kvt_cold_read){.key = r->key, .layer = r->layer, .k_out = r->k_out,
+                            .v_out = r->v_out, .bytes_each = ld->ns->bytes_each};
+    idx[j++] = (uint32_t)i;
+  }
+  if (kvt_cold_read_submit(e->cold, cr, n, &ld->cb)) {
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, cr, bytes);
+    return 0;
+  }
+  ld->cr = cr;
+  ld->cr_idx = idx;
+  ld->n_cr = n;
+  return 0;
+}
+
+/* Statuses of the cold reads: a record that failed a check is a miss and
+ * leaves the index. */
+static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
+  kvt_cold_read_wait(ld->cb);
+  ld->cb = NULL;
+  for (size_t j = 0; j < ld->n_cr; j++) {
+    kvt_load_req *r = &ld->reqs[ld->cr_idx[j]];
+    int st = ld->cr[j].status;
+    if (st == KVT_ECORRUPT) {
+      kvt_cold_remove(e->cold, &r->key);
+      st = KVT_ENOTFOUND;
+    }
+    r->status = st;
+    r->tier = KVT_TIER_COLD;
+  }
+}
+
 int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, kvt_load **out) {
   if (!e || !reqs || !out) return KVT_ENULL;
   *out = NULL;
@@ -476,7 +554,7 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
     return -ENOMEM;
   }
   pthread_mutex_lock(&e->lock);
-  kvt_nsrec *ns = kvt_ns_get(e, id);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
   if (!ns) {
     pthread_mutex_unlock(&e->lock);
     kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld, sizeof *ld);
@@ -491,8 +569,9 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
     if (r->status) continue;
     kvt_tblk *tb = kvt_index_find(e, &r->key);
     kvt_lblk *b = (tb && tb->ns == ns) ? tb->layers[r->layer] : NULL;
-    if (!b) {
-      r->status = KVT_ENOTFOUND;
+    if (!b || b->tier == KVT_TIER_COLD) {
+      /* Not in RAM: read from the cold tier in kvt_load_wait(). */
+      r->status = e->cold ? LOAD_FROM_COLD : KVT_ENOTFOUND;
       continue;
     }
     kvt_lblk_pin(e, b);
@@ -507,7 +586,7 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
   ns->n_loads++;
   pthread_mutex_unlock(&e->lock);
   *out = ld;
-  return 0;
+  return load_cold_submit(e, ld);
 }
 
 int kvt_load_wait(kvt_load *ld, size_t *n_ok) {
@@ -515,9 +594,16 @@ int kvt_load_wait(kvt_load *ld, size_t *n_ok) {
   kvt_engine *e = ld->e;
   size_t ok = 0;
   int first = 0;
+  if (ld->cb) load_cold_finish(e, ld);
   for (size_t i = 0; i < ld->n; i++) {
     kvt_load_req *r = &ld->reqs[i];
-    if (ld->blk[i]) {
+    if (r->status == LOAD_FROM_COLD) { /* not submitted: read it now */
+      r->status = read_cold(e, NULL, &r->key, r->layer, r->k_out, r->v_out, ld->ns->bytes_each);
+      r->tier = KVT_TIER_COLD;
+    }
+    if (r->tier == KVT_TIER_COLD) {
+      ok += r->status == 0;
+    } else if (ld->blk[i]) {
       r->status = kvt_lblk_copy_out(ld->ns, ld->blk[i], r->k_out, r->v_out);
       r->tier = ld->blk[i]->tier;
       ok += r->status == 0;

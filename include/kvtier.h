@@ -150,6 +150,22 @@ typedef struct kvt_ns_desc {
   kvt_shape shape;
 } kvt_ns_desc;
 
+/** Testing only: inject I/O faults into the cold tier's I/O (see
+ * io/io.h). Calls of the kinds in ops count from 1; from call number
+ * `after` on, `count` calls (0 = all) fail as `kind` says. */
+typedef struct kvt_test_fault {
+  uint32_t ops;    /**< bits: 1 << 1 reads, 1 << 2 writes, 1 << 3 syncs */
+  uint32_t kind;   /**< 0 none, 1 EIO, 2 ENOSPC, 3 short, 4 torn write, 5 bit flip */
+  uint64_t after;
+  uint64_t count;
+  uint64_t seed;
+} kvt_test_fault;
+
+/** I/O backends of the cold tier. */
+#define KVT_BACKEND_AUTO 0  /**< io_uring when it works here, else pread/pwrite */
+#define KVT_BACKEND_URING 1 /**< io_uring or fail at open */
+#define KVT_BACKEND_PREAD 2 /**< pread/pwrite */
+
 /** Options for kvt_engine_open(). Fill with kvt_options_init() first.
  * The warm tier exists when its limit is above 0: then a put that finds
  * the hot tier full demotes its least recently used blocks to warm
@@ -164,6 +180,17 @@ typedef struct kvt_options {
   double tier_load_gbps[KVT_N_TIERS]; /**< bandwidth used for load-time estimates */
   double tier_load_latency_us[KVT_N_TIERS]; /**< fixed cost per block in estimates */
   uint64_t test_fail_alloc_after; /**< testing: fail the Nth allocation (0 = never) */
+  /* The cold tier exists when tier_bytes_limit[KVT_TIER_COLD] > 0, or is
+   * opened read-only when the store has one. */
+  uint64_t cold_segment_bytes;    /**< one segment file; >= 1 MiB, multiple of 4 KiB (64 MiB) */
+  uint64_t cold_group_bytes;      /**< records made durable together, at most (16 MiB) */
+  uint64_t cold_index_bytes;      /**< LMDB map size (8 GiB; sparse) */
+  uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all) */
+  uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16 (0: off;
+                                       it costs half the write throughput here for ~14%) */
+  uint32_t io_backend;            /**< KVT_BACKEND_* (AUTO) */
+  uint32_t io_depth;              /**< queue depth, 1 .. 4096 (64) */
+  kvt_test_fault test_fault;      /**< testing: I/O faults in the cold tier */
 } kvt_options;
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
@@ -190,8 +217,11 @@ typedef struct kvt_kv {
 /** What kvt_seq_append() found. */
 typedef struct kvt_append_info {
   uint32_t block;          /**< index of the appended token block in the sequence */
-  uint32_t layers_present; /**< layers already stored (adopted; no put needed) */
+  uint32_t layers_present; /**< layers already in RAM (adopted; no put needed) */
   kvt_key key;             /**< the token block's key */
+  uint32_t durable;        /**< 1: the block is in the cold tier (all layers): its
+                                layers can be loaded, and puts add RAM copies only */
+  uint32_t pad;
 } kvt_append_info;
 
 /** One token block found by kvt_lookup(). */
@@ -252,6 +282,17 @@ typedef struct kvt_stats {
   uint64_t demotions;        /**< layer blocks moved hot -> warm (encoded) */
   uint64_t reads_approx;     /**< layer blocks read from their quantized form */
   uint64_t attends;          /**< kvt_seq_attend() calls */
+  uint64_t cold_records;     /**< token blocks in the cold tier's index */
+  uint64_t cold_queued;      /**< token blocks waiting to be written */
+  uint64_t cold_written;     /**< token blocks this engine made durable */
+  uint64_t cold_reads;       /**< layer slices read from the cold tier */
+  uint64_t cold_read_bytes;
+  uint64_t cold_write_bytes;
+  uint64_t cold_checksum_failures; /**< cold reads refused by a check (each a miss) */
+  uint64_t cold_write_failures;    /**< groups the cold tier failed to write */
+  uint64_t cold_segments;
+  char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */
+  char io_why[160];          /**< why that backend */
 } kvt_stats;
 /** @} */
 
@@ -278,13 +319,33 @@ int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
  * loads included (their handles become invalid). Accepts NULL. */
 void kvt_engine_close(kvt_engine *e);
 
-/** Make every block written so far durable. Until the cold tier exists
- * there is nothing to make durable: returns 0 and watermarks stay at 0.
- * @return 0; KVT_ENULL; KVT_ERDONLY. */
+/** Wait until every token block completed so far (all layers put) and
+ * admitted to the cold tier is durable: written, fdatasync'ed and indexed.
+ * Without a cold tier there is nothing to make durable: returns 0.
+ * @return 0; KVT_ENULL; KVT_ERDONLY; the first error the cold tier met
+ *   since the last kvt_sync() (-EIO, -ENOSPC, KVT_EFULL...): the blocks it
+ *   could not write stay in RAM, not durable, and nothing durable is lost. */
 int kvt_sync(kvt_engine *e);
 
 /** Copy the counters into *st. @return 0; KVT_ENULL. */
 int kvt_stats_get(kvt_engine *e, kvt_stats *st);
+
+/** What kvt_fsck() found. */
+typedef struct kvt_fsck_result {
+  uint64_t checked;      /**< index entries checked */
+  uint64_t bad;          /**< entries whose record failed a check */
+  uint64_t removed;      /**< of which removed (repair) */
+} kvt_fsck_result;
+
+/** Verify every entry of the cold tier's index against its record on disk:
+ * record header, key, segment generation and every slice's checksum. With
+ * repair (a writer only) the broken entries are removed, so they become
+ * misses. report (may be NULL) is called for each problem with the block's
+ * key and what failed. Works on a read-only engine beside a live writer.
+ * @return 0 (look at res->bad); KVT_ENULL; KVT_ENOTFOUND (no cold tier);
+ *   KVT_ERDONLY (repair on a read-only engine); -errno. */
+int kvt_fsck(kvt_engine *e, int repair, kvt_fsck_result *res,
+             void (*report)(void *arg, const kvt_key *key, const char *what), void *arg);
 
 /** @} */
 
@@ -302,6 +363,13 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st);
  *   KVT_ESHAPE, KVT_EDTYPE for an invalid shape; KVT_ENSCONFLICT when it
  *   exists with another shape; KVT_ELIMIT; KVT_ERDONLY; -ENOMEM. */
 int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *desc, kvt_ns_id *out);
+
+/** The index-th registered namespace (0, 1, ...), for listing; a store
+ * with a cold tier knows those registered by earlier processes too. The
+ * strings in *desc belong to the engine and stay valid until the namespace
+ * is dropped or the engine closed. @return 0; KVT_ENULL; KVT_ENOTFOUND
+ * past the last one. */
+int kvt_ns_get(kvt_engine *e, uint32_t index, kvt_ns_id *id, kvt_ns_desc *desc);
 
 /** The shape of a namespace. @return 0; KVT_ENULL; KVT_ENOTFOUND. */
 int kvt_ns_shape(kvt_engine *e, kvt_ns_id ns, kvt_shape *out);
@@ -333,7 +401,7 @@ size_t kvt_codec_size(int codec, const kvt_codec_shape *s);
  * Deterministic: the same input, shape and seed give the same bytes on
  * every machine, with or without AVX2.
  * @return bytes written; KVT_EOPTION (codec); KVT_ESHAPE; KVT_ENULL;
- *   KVT_EDTYPE; KVT_EBUFSIZE (out_len < kvt_codec_size()). */
+ *   KVT_EDTYPE; KVT_EBUFSIZE (out_len < kvt_codec_size()); KVT_ENONFINITE. */
 int64_t kvt_codec_encode(int codec, const kvt_codec_shape *s, const void *in, uint32_t dtype,
                          uint8_t *out, size_t out_len);
 
@@ -342,7 +410,8 @@ int64_t kvt_codec_encode(int codec, const kvt_codec_shape *s, const void *in, ui
 int kvt_codec_check(int codec, const kvt_codec_shape *s, const uint8_t *in, size_t in_len);
 
 /** Check, then dequantize into out (n_tokens * n_heads * head_dim values
- * of dtype). @return 0; KVT_ECORRUPT (nothing written); KVT_EDTYPE; KVT_ENULL. */
+ * of dtype; f16 output saturates at +-65504 rather than overflowing).
+ * @return 0; KVT_ECORRUPT (nothing written); KVT_EDTYPE; KVT_ENULL. */
 int kvt_codec_decode(int codec, const kvt_codec_shape *s, const uint8_t *in, size_t in_len,
                      void *out, uint32_t dtype);
 
@@ -432,7 +501,7 @@ void kvt_seq_release(kvt_seq *s);
 uint32_t kvt_seq_blocks(const kvt_seq *s);
 
 /** The durable watermark: how many leading token blocks of s are durable
- * in every layer. 0 until the cold tier exists. */
+ * (in the cold tier, every layer). 0 without a cold tier. */
 uint32_t kvt_seq_durable(const kvt_seq *s);
 
 /** Append exactly one token block (n_tokens == block_tokens). Layers whose

@@ -295,13 +295,16 @@ static const struct {
     F(other_bytes), F(total_bytes), F(logical_bytes), F(dedup_saved_bytes), F(token_blocks),
     F(namespaces), F(seqs), F(puts), F(dedup_hits), F(dedup_mismatches), F(lookups),
     F(lookup_blocks_hit), F(lookup_blocks_miss), F(reads), F(reads_exact), F4(evictions),
-    F(put_full), F(demotions), F(reads_approx), F(attends),
+    F(put_full), F(demotions), F(reads_approx), F(attends), F(cold_records), F(cold_queued),
+    F(cold_written), F(cold_reads), F(cold_read_bytes), F(cold_write_bytes),
+    F(cold_checksum_failures), F(cold_write_failures), F(cold_segments),
 };
 
 void tu_assert_stats_eq(const kvt_stats *a, const kvt_stats *b) {
-  _Static_assert(sizeof stat_fields / sizeof stat_fields[0] * 8 == sizeof(kvt_stats),
+  _Static_assert(sizeof stat_fields / sizeof stat_fields[0] * 8 +
+                         sizeof a->io_backend + sizeof a->io_why == sizeof(kvt_stats),
                  "stat_fields must list every kvt_stats field");
-  int bad = 0;
+  int bad = strcmp(a->io_backend, b->io_backend) != 0 || strcmp(a->io_why, b->io_why) != 0;
   for (size_t i = 0; i < sizeof stat_fields / sizeof stat_fields[0]; i++) {
     uint64_t x, y;
     memcpy(&x, (const char *)a + stat_fields[i].off, 8);

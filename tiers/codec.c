@@ -6,6 +6,7 @@
 #include "kvtier.h"
 #include "tiers/codec_impl.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 static const kvt_codec codecs[KVT_CODEC_MAX + 1] = {
@@ -34,10 +35,17 @@ int kvt_codec_level = -1;
 /* Decided once when the library is loaded, so no call races to set it. */
 __attribute__((constructor)) static void level_ctor(void) { kvt_codec_force(-1); }
 
+/* AVX2, FMA and F16C, asked of cpuid directly: clang 14 does not know
+ * __builtin_cpu_supports("f16c"). */
 int kvt_codec_simd(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  int fma = (c >> 12) & 1, f16c = (c >> 29) & 1, osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+  if (!osxsave || !avx || !__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  unsigned lo, hi;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0)); /* the OS saves YMM state */
+  (void)hi;
+  return ((b >> 5) & 1) && fma && f16c && (lo & 6) == 6;
 }
 
 void kvt_codec_force(int level) {
@@ -110,11 +118,19 @@ KVT_AVX2 static void f16_to_f32_avx2(const uint16_t *in, uint32_t n, float *out)
   for (; i < n; i++) out[i] = kvt_f16_to_f32(in[i]);
 }
 
-KVT_AVX2 static void f32_to_f16_avx2(const float *in, uint32_t n, uint16_t *out) {
+/* Decoded values may overshoot the largest f16 by a rounding step (a
+ * scale rounded up, a rotated vector's error): saturate, never infinity. */
+static float sat16(float x) { return x > 65504.0f ? 65504.0f : x < -65504.0f ? -65504.0f : x; }
+
+KVT_AVX2 static void f32_to_f16_avx2(const float *in, uint32_t n, uint16_t *out, int sat) {
+  const __m256 hi = _mm256_set1_ps(sat ? 65504.0f : INFINITY), lo = _mm256_set1_ps(sat ? -65504.0f : -INFINITY);
   uint32_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), 0));
-  for (; i < n; i++) out[i] = kvt_f32_to_f16(in[i]);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    if (sat) v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
+    _mm_storeu_si128((__m128i *)(out + i), _mm256_cvtps_ph(v, 0));
+  }
+  for (; i < n; i++) out[i] = kvt_f32_to_f16(sat ? sat16(in[i]) : in[i]);
 }
 
 void kvt_vec_to_f32(const void *in, uint32_t dtype, uint32_t n, float *out) {
@@ -125,12 +141,20 @@ void kvt_vec_to_f32(const void *in, uint32_t dtype, uint32_t n, float *out) {
   else for (uint32_t i = 0; i < n; i++) out[i] = kvt_bf16_to_f32(h[i]);
 }
 
-void kvt_vec_from_f32(const float *in, uint32_t dtype, uint32_t n, void *out) {
+static void from_f32(const float *in, uint32_t dtype, uint32_t n, void *out, int sat) {
   uint16_t *h = out;
   if (dtype == KVT_F32) memcpy(out, in, (size_t)n * 4);
-  else if (dtype == KVT_F16 && kvt_codec_level > 0) f32_to_f16_avx2(in, n, h);
-  else if (dtype == KVT_F16) for (uint32_t i = 0; i < n; i++) h[i] = kvt_f32_to_f16(in[i]);
+  else if (dtype == KVT_F16 && kvt_codec_level > 0) f32_to_f16_avx2(in, n, h, sat);
+  else if (dtype == KVT_F16) for (uint32_t i = 0; i < n; i++) h[i] = kvt_f32_to_f16(sat ? sat16(in[i]) : in[i]);
   else for (uint32_t i = 0; i < n; i++) h[i] = kvt_f32_to_bf16(in[i]);
+}
+
+void kvt_vec_from_f32(const float *in, uint32_t dtype, uint32_t n, void *out) {
+  from_f32(in, dtype, n, out, 0);
+}
+
+void kvt_vec_from_f32_sat(const float *in, uint32_t dtype, uint32_t n, void *out) {
+  from_f32(in, dtype, n, out, 1);
 }
 
 void kvt_to_f32(const void *in, uint32_t dtype, size_t n, float *out) {
@@ -152,7 +176,8 @@ void kvt_codec_put_hdr(uint8_t *out, int id, const kvt_cshape *s) {
   out[3] = KVT_CODEC_VERSION;
   kvt_wr16(out + 4, (uint16_t)s->n_heads);
   kvt_wr16(out + 6, (uint16_t)s->head_dim);
-  uint32_t t = s->n_tokens, sd = (uint32_t)s->seed;
+  uint64_t z = s->seed * 0x9E3779B97F4A7C15ull; /* every bit of the seed counts */
+  uint32_t t = s->n_tokens, sd = (uint32_t)((z ^ (z >> 29)) * 0xBF58476D1CE4E5B9ull >> 32);
   memcpy(out + 8, &t, 4);
   memcpy(out + 12, &sd, 4);
 }
@@ -170,6 +195,21 @@ static int shape_ok(const kvt_cshape *s) {
 
 /* ---------- dispatch ---------- */
 
+/* NaN and infinity have no code: refuse them rather than encode garbage
+ * (and scalar and SIMD would disagree on it). */
+static int all_finite(const void *in, uint32_t dtype, size_t n) {
+  unsigned bad = 0;
+  if (dtype == KVT_F32) {
+    const uint32_t *p = in;
+    for (size_t i = 0; i < n; i++) bad |= (p[i] & 0x7F800000u) == 0x7F800000u;
+  } else {
+    const uint16_t *p = in;
+    const uint16_t m = dtype == KVT_F16 ? 0x7C00 : 0x7F80;
+    for (size_t i = 0; i < n; i++) bad |= (uint16_t)(p[i] & m) == m;
+  }
+  return !bad;
+}
+
 size_t kvt_codec_size(int id, const kvt_cshape *s) {
   const kvt_codec *c = kvt_codec_get(id);
   if (!c || !shape_ok(s)) return 0;
@@ -185,6 +225,7 @@ int64_t kvt_codec_encode(int id, const kvt_cshape *s, const void *in, uint32_t d
   if (!in || !out) return KVT_ENULL;
   if (kvt_dtype_size(dtype) == 0) return KVT_EDTYPE;
   if (out_len < need) return KVT_EBUFSIZE;
+  if (!all_finite(in, dtype, (size_t)s->n_tokens * s->n_heads * s->head_dim)) return KVT_ENONFINITE;
   level_init();
   kvt_codec_put_hdr(out, id, s);
   int rc = c->is_value ? kvt_v_encode(c->bits, s, in, dtype, out + KVT_CODEC_HDR)

@@ -17,6 +17,9 @@ int kvt_codec_hdr_ok(const uint8_t *in, int id, const kvt_cshape *s);
 /* One (token, head) vector of n values of dtype to f32 (scalar or F16C). */
 void kvt_vec_to_f32(const void *in, uint32_t dtype, uint32_t n, float *out);
 void kvt_vec_from_f32(const float *in, uint32_t dtype, uint32_t n, void *out);
+/* The same, saturating f16 at +-65504: for decoded values, which may
+ * overshoot the largest f16 by a rounding step. */
+void kvt_vec_from_f32_sat(const float *in, uint32_t dtype, uint32_t n, void *out);
 
 /* f16 scale/norm stored little-endian; finite and >= 0 when valid. */
 static inline uint16_t kvt_rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }

@@ -212,7 +212,7 @@ void kvt_k_decode(int id, const kvt_cshape *s, const uint8_t *body, void *out, u
       size_t v = (size_t)t * H + h;
       if (!per_ch) sc[0] = kvt_f16_to_f32(kvt_rd16(body + 2 * v));
       dequant_row(id, codes + v * rb, sc, per_ch, D, x);
-      kvt_vec_from_f32(x, dtype, D, (uint8_t *)out + v * D * es);
+      kvt_vec_from_f32_sat(x, dtype, D, (uint8_t *)out + v * D * es);
     }
   }
 }

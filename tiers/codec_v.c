@@ -266,7 +266,7 @@ void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out,
     else unpack_c(&q, codes + v * cb, scale, y);
     fwht(y, q.vdim);
     for (uint32_t i = 0; i < s->head_dim; i++) y[i] = y[i] * q.sign[i];
-    kvt_vec_from_f32(y, dtype, s->head_dim, (uint8_t *)out + v * s->head_dim * es);
+    kvt_vec_from_f32_sat(y, dtype, s->head_dim, (uint8_t *)out + v * s->head_dim * es);
   }
 }
 

@@ -105,11 +105,17 @@ void kvt_tier_unpin(kvt_tier_state *t, kvt_lblk *b) {
 
 uint64_t kvt_lblk_desc_bytes(void) { return kvt_mem_round(sizeof(kvt_lblk)); }
 
+/* Payloads of a page or more are page-aligned, so the cold tier can write
+ * them with O_DIRECT straight from here, without a copy. */
+static size_t payload_align(uint64_t bytes) { return bytes >= 4096 ? 4096 : 64; }
+
 kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload) {
   kvt_lblk *b = kvt_mem_alloc_aligned(m, KVT_MEM_HOT, sizeof(kvt_lblk));
   if (!b) return NULL;
-  *b = (kvt_lblk){.payload_bytes = payload_bytes, .payload_alloc = kvt_mem_round(payload_bytes)};
-  if (with_payload && !(b->payload = kvt_mem_alloc_aligned(m, KVT_MEM_HOT, payload_bytes))) {
+  size_t align = payload_align(payload_bytes);
+  *b = (kvt_lblk){.payload_bytes = payload_bytes,
+                  .payload_alloc = kvt_mem_round_to(payload_bytes, align)};
+  if (with_payload && !(b->payload = kvt_mem_alloc_align(m, KVT_MEM_HOT, align, payload_bytes))) {
     kvt_mem_free(m, KVT_MEM_HOT, b, kvt_lblk_desc_bytes());
     return NULL;
   }

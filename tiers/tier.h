@@ -37,6 +37,7 @@ typedef struct kvt_lblk {
   uint8_t tier;                 /* kvt_tier */
   uint8_t on_lru;
   uint8_t busy;                 /* being demoted by some thread */
+  uint8_t held;                 /* holds a pin until written to the cold tier */
   uint8_t k_codec, v_codec;     /* warm codecs (tiers/codec.h) */
 } kvt_lblk;
 

@@ -1,7 +1,9 @@
 /* bench.c - `kvtier bench share`: what N agents with one context cost the
- * store, by the engine's own accounting; `kvtier bench hot`: put and gather
- * throughput against memcpy of the same bytes (interleaved rounds, medians)
- * and the latency of a 32K-token prefix lookup. Llama-3-8B shape. */
+ * store, by the engine's own accounting, hot (f16) or with --codec every
+ * block warm (quantized); `kvtier bench hot`: put and gather throughput
+ * against memcpy of the same bytes (interleaved rounds, medians) and the
+ * latency of a 32K-token prefix lookup. Llama-3-8B shape. `bench codec`
+ * lives in bench_codec.c. */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -42,45 +44,16 @@ static const kvt_ns_desc b_desc = {
 
 /* ---- shared plumbing -------------------------------------------------- */
 
-typedef struct bench_dir {
-  char path[PATH_MAX];
-  int made; /* created here: removed at the end */
-} bench_dir;
-
 static int share_fail(const char *what, int rc) { return cli_lib_error("bench share", what, rc); }
 static int hot_fail(const char *what, int rc) { return cli_lib_error("bench hot", what, rc); }
 
-/* The user's directory, or a scratch one under $TMPDIR that is removed. */
-static int bench_dir_open(bench_dir *d, const char *user_dir, const char *cmd)
-{
-  d->made = 0;
-  if (user_dir) {
-    if (strlen(user_dir) >= sizeof d->path - 32)
-      return cli_lib_error(cmd, "--dir", -ENAMETOOLONG);
-    snprintf(d->path, sizeof d->path, "%s", user_dir);
-    return CLI_OK;
-  }
-  const char *tmp = getenv("TMPDIR");
-  if (tmp == NULL || *tmp == '\0' || strlen(tmp) > sizeof d->path - 64) tmp = "/tmp";
-  snprintf(d->path, sizeof d->path, "%s/kvtier-bench-XXXXXX", tmp);
-  if (mkdtemp(d->path) == NULL) return cli_lib_error(cmd, "creating a scratch directory", -errno);
-  d->made = 1;
-  return CLI_OK;
-}
-
-static void bench_dir_close(bench_dir *d, const char *cmd)
-{
-  if (!d->made) return;
-  int rc = remove_tree(d->path);
-  if (rc != 0) fprintf(stderr, "kvtier %s: removing %s: %s\n", cmd, d->path, kvt_strerror(rc));
-}
-
-static int bench_open(const char *dir, uint64_t hot_limit, uint32_t flags, uint32_t max_seqs,
-                      kvt_engine **e, kvt_ns_id *ns)
+static int bench_open(const char *dir, uint64_t hot_limit, uint64_t warm_limit, uint32_t flags,
+                      uint32_t max_seqs, kvt_engine **e, kvt_ns_id *ns)
 {
   kvt_options opt;
   kvt_options_init(&opt);
   opt.tier_bytes_limit[KVT_TIER_HOT] = hot_limit;
+  opt.tier_bytes_limit[KVT_TIER_WARM] = warm_limit;
   opt.flags = flags;
   if (max_seqs > opt.max_seqs) opt.max_seqs = max_seqs;
   int rc = kvt_engine_open(dir, &opt, e);
@@ -100,6 +73,7 @@ static uint64_t stored_bytes(const kvt_stats *st)
 typedef struct share_cfg {
   uint64_t agents, tokens, seed;
   const char *dir;
+  const char *codec; /* NULL: every block hot, f16 */
   int json;
 } share_cfg;
 
@@ -116,11 +90,15 @@ typedef struct share_run {
   uint8_t *wk, *wv;
   kvt_seq *seqs[SHARE_AGENTS_MAX];
   uint64_t dedup_puts;
+  int k_codec, v_codec;  /* with --codec */
+  size_t k_len, v_len;   /* encoded K, V of one layer block (kvt_codec_size) */
+  kvt_gathered *gathered;
+  double v_nmse[2];      /* with --codec: V error of the two layers checked */
   kvt_stats st;
   uint64_t ns_total;
 } share_run;
 
-#define SHARE_N_OPTS 5
+#define SHARE_N_OPTS 6
 
 static void share_opts(share_cfg *c, cli_opt o[SHARE_N_OPTS])
 {
@@ -130,6 +108,8 @@ static void share_opts(share_cfg *c, cli_opt o[SHARE_N_OPTS])
        "tokens of the shared context, a multiple of 16 (default 4096)"},
       {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "seed of tokens and KV (default 1)"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one, removed)"},
+      {"--codec", "KV", CLI_STR, &c->codec, 0, 0,
+       "keep every block warm, encoded with this pair (k8v3, k8cv3, k4v2, ...)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
   };
   memcpy(o, t, sizeof t);
@@ -185,7 +165,56 @@ static int share_agent(share_run *r, uint32_t a)
   return rc;
 }
 
-/* The last agent's first and last layers, gathered, equal the KV put. */
+/* Warm K of one gathered layer equals what the codec makes of the KV put:
+ * a key codec has no rotation, so the tool can encode it itself. */
+static int share_verify_warm_k(share_run *r, uint32_t layer)
+{
+  const kvt_codec_shape cs = {B_BLOCK_TOKENS, B_HEADS, B_HEAD_DIM, 0, 0};
+  for (uint32_t b = 0; b < r->n_blocks; b++) {
+    size_t off = (size_t)b * B_BLOCK_BYTES;
+    int64_t n = kvt_codec_encode(r->k_codec, &cs, r->wk + off, KVT_F16, r->k, r->k_len);
+    int rc = n == (int64_t)r->k_len
+                 ? kvt_codec_decode(r->k_codec, &cs, r->k, r->k_len, r->v, KVT_F16)
+                 : (n < 0 ? (int)n : KVT_EBUFSIZE);
+    if (rc != 0) return share_fail("encoding K to check it", rc);
+    if (memcmp(r->v, r->gk + off, B_BLOCK_BYTES) != 0) {
+      fprintf(stderr, "kvtier bench share: layer %u block %u: gathered K differs from what "
+              "kvt_codec_encode/decode give\n", layer, b);
+      return CLI_FAIL;
+    }
+  }
+  return CLI_OK;
+}
+
+/* Warm: every gathered block came from warm; K as above; V within 1.5x of
+ * the codec's Gaussian NMSE (its rotation seed is the engine's, not public,
+ * so the exact bytes cannot be rebuilt here). */
+static int share_verify_warm(share_run *r, uint32_t layer, size_t want, double *nmse)
+{
+  for (uint32_t b = 0; b < r->n_blocks; b++)
+    if (r->gathered[b].tier != KVT_TIER_WARM || r->gathered[b].exact) {
+      fprintf(stderr, "kvtier bench share: layer %u block %u gathered from tier %u, not warm\n",
+              layer, b, r->gathered[b].tier);
+      return CLI_FAIL;
+    }
+  int rc = share_verify_warm_k(r, layer);
+  if (rc != CLI_OK) return rc;
+  double se = 0, ss = 0;
+  const uint16_t *x = (const uint16_t *)r->wv, *y = (const uint16_t *)r->gv;
+  for (size_t i = 0; i < want / 2; i++) {
+    double a = f16_to_f32(x[i]), d = f16_to_f32(y[i]) - a;
+    se += d * d;
+    ss += a * a;
+  }
+  *nmse = se / ss;
+  if (*nmse <= 1.5 * lloyd_max_nmse(r->v_codec)) return CLI_OK;
+  fprintf(stderr, "kvtier bench share: layer %u: gathered V has NMSE %.4f, theory %.4f\n", layer,
+          *nmse, lloyd_max_nmse(r->v_codec));
+  return CLI_FAIL;
+}
+
+/* The last agent's first and last layers, gathered, equal the KV put (hot),
+ * or what the codecs make of it (warm). */
 static int share_verify(share_run *r)
 {
   kvt_seq *s = r->seqs[r->cfg.agents - 1];
@@ -193,13 +222,22 @@ static int share_verify(share_run *r)
   const uint32_t layers[2] = {0, B_LAYERS - 1};
   for (int i = 0; i < 2; i++) {
     size_t bytes = want, n = 0;
-    int rc = kvt_seq_gather(s, layers[i], r->gk, r->gv, &bytes, NULL, 0, &n);
+    int rc = kvt_seq_gather(s, layers[i], r->gk, r->gv, &bytes, r->gathered, r->n_blocks, &n);
     if (rc != 0) return share_fail("gathering a layer to check it", rc);
     kvgen_fill(&r->gen, r->pos_hash, r->cfg.tokens, layers[i], r->wk, r->wv);
-    if (bytes != want || n != r->n_blocks || memcmp(r->gk, r->wk, want) != 0 ||
-        memcmp(r->gv, r->wv, want) != 0) {
-      fprintf(stderr, "kvtier bench share: layer %u gathered (%zu blocks, %zu bytes) differs "
-              "from the KV put\n", layers[i], n, bytes);
+    if (bytes != want || n != r->n_blocks) {
+      fprintf(stderr, "kvtier bench share: layer %u gathered %zu blocks, %zu bytes\n", layers[i],
+              n, bytes);
+      return CLI_FAIL;
+    }
+    if (r->cfg.codec) {
+      rc = share_verify_warm(r, layers[i], want, &r->v_nmse[i]);
+      if (rc != CLI_OK) return rc;
+      continue;
+    }
+    if (memcmp(r->gk, r->wk, want) != 0 || memcmp(r->gv, r->wv, want) != 0) {
+      fprintf(stderr, "kvtier bench share: layer %u gathered differs from the KV put\n",
+              layers[i]);
       return CLI_FAIL;
     }
   }
@@ -211,13 +249,15 @@ static int share_alloc(share_run *r)
   size_t layer = (size_t)r->n_blocks * B_BLOCK_BYTES;
   r->tokens = malloc(r->cfg.tokens * sizeof *r->tokens);
   r->pos_hash = malloc(r->cfg.tokens * sizeof *r->pos_hash);
-  r->k = malloc(B_BLOCK_BYTES);
+  r->k = malloc(2 * B_BLOCK_BYTES); /* also the encoded K of the warm check */
   r->v = malloc(B_BLOCK_BYTES);
   r->gk = malloc(layer);
   r->gv = malloc(layer);
   r->wk = malloc(layer);
   r->wv = malloc(layer);
-  if (!r->tokens || !r->pos_hash || !r->k || !r->v || !r->gk || !r->gv || !r->wk || !r->wv)
+  r->gathered = malloc(r->n_blocks * sizeof *r->gathered);
+  if (!r->tokens || !r->pos_hash || !r->k || !r->v || !r->gk || !r->gv || !r->wk || !r->wv ||
+      !r->gathered)
     return share_fail("allocating buffers", -ENOMEM);
   int rc = kvgen_init(&r->gen, &b_shape, r->cfg.seed);
   if (rc != 0) return share_fail("setting up the KV generator", rc);
@@ -241,71 +281,159 @@ static void share_free(share_run *r)
   free(r->gv);
   free(r->wk);
   free(r->wv);
+  free(r->gathered);
 }
 
 static uint64_t share_payload(const share_run *r) { return (uint64_t)r->n_blocks * B_TBLOCK_BYTES; }
+
+/* Layer blocks stored once for all agents. */
+static uint64_t share_lblocks(const share_run *r) { return (uint64_t)r->n_blocks * B_LAYERS; }
+
+/* Encoded bytes of what is stored (headers, scales and norms included). */
+static uint64_t share_encoded(const share_run *r)
+{
+  return share_lblocks(r) * (r->k_len + r->v_len);
+}
+
+/* The best reduction the stored form allows: one copy of the payload (or
+ * of its encoding) for N agents, no other byte. */
+static double share_arith(const share_run *r)
+{
+  double frac = r->cfg.codec ? (double)(r->k_len + r->v_len) / (2.0 * B_BLOCK_BYTES) : 1.0;
+  return 1.0 - frac / (double)r->cfg.agents;
+}
+
+static void share_json(const share_run *r, uint64_t priv, double red)
+{
+  const kvt_stats *st = &r->st;
+  char pair[24];
+  snprintf(pair, sizeof pair, "%s%s", r->cfg.codec ? kvt_codec_name(r->k_codec) : "none",
+           r->cfg.codec ? kvt_codec_name(r->v_codec) : "");
+  json_w j;
+  json_begin(&j, stdout);
+  json_str(&j, "command", "bench share");
+  json_u64(&j, "agents", r->cfg.agents);
+  json_u64(&j, "tokens", r->cfg.tokens);
+  json_u64(&j, "seed", r->cfg.seed);
+  json_u64(&j, "n_layers", B_LAYERS);
+  json_u64(&j, "n_kv_heads", B_HEADS);
+  json_u64(&j, "head_dim", B_HEAD_DIM);
+  json_str(&j, "dtype", "f16");
+  json_u64(&j, "block_tokens", B_BLOCK_TOKENS);
+  json_str(&j, "codec", pair);
+  json_u64(&j, "payload_bytes", share_payload(r));
+  json_u64(&j, "stored_bytes", stored_bytes(st));
+  json_u64(&j, "hot_bytes", st->tier_bytes[KVT_TIER_HOT]);
+  json_u64(&j, "warm_bytes", st->tier_bytes[KVT_TIER_WARM]);
+  json_u64(&j, "hot_blocks", st->tier_blocks[KVT_TIER_HOT]);
+  json_u64(&j, "warm_blocks", st->tier_blocks[KVT_TIER_WARM]);
+  if (r->cfg.codec) {
+    json_u64(&j, "encoded_bytes", share_encoded(r));
+    json_u64(&j, "warm_overhead_bytes", st->tier_bytes[KVT_TIER_WARM] - share_encoded(r));
+    json_f64(&j, "v_nmse", 0.5 * (r->v_nmse[0] + r->v_nmse[1]));
+  }
+  json_u64(&j, "stats_total_bytes", st->total_bytes);
+  json_u64(&j, "index_bytes", st->index_bytes);
+  json_u64(&j, "seq_bytes", st->seq_bytes);
+  json_u64(&j, "other_bytes", st->other_bytes);
+  json_u64(&j, "private_bytes", priv);
+  json_f64(&j, "reduction", red);
+  json_f64(&j, "reduction_ceiling", share_arith(r)); /* 1 - 1/N when hot */
+  json_f64(&j, "reduction_arithmetic", share_arith(r));
+  json_u64(&j, "logical_bytes", st->logical_bytes);
+  json_u64(&j, "dedup_saved_bytes", st->dedup_saved_bytes);
+  json_u64(&j, "dedup_puts", r->dedup_puts);
+  json_u64(&j, "dedup_hits", st->dedup_hits);
+  json_bool(&j, "verified", 1);
+  json_f64(&j, "seconds", (double)r->ns_total / 1e9);
+  json_end(&j);
+}
 
 static void share_report(const share_run *r)
 {
   const kvt_stats *st = &r->st;
   uint64_t priv = r->cfg.agents * share_payload(r);
   double red = 1.0 - (double)st->total_bytes / (double)priv;
-  double ceil_red = 1.0 - 1.0 / (double)r->cfg.agents;
   if (r->cfg.json) {
-    json_w j;
-    json_begin(&j, stdout);
-    json_str(&j, "command", "bench share");
-    json_u64(&j, "agents", r->cfg.agents);
-    json_u64(&j, "tokens", r->cfg.tokens);
-    json_u64(&j, "seed", r->cfg.seed);
-    json_u64(&j, "n_layers", B_LAYERS);
-    json_u64(&j, "n_kv_heads", B_HEADS);
-    json_u64(&j, "head_dim", B_HEAD_DIM);
-    json_str(&j, "dtype", "f16");
-    json_u64(&j, "block_tokens", B_BLOCK_TOKENS);
-    json_u64(&j, "payload_bytes", share_payload(r));
-    json_u64(&j, "stored_bytes", stored_bytes(st));
-    json_u64(&j, "stats_total_bytes", st->total_bytes);
-    json_u64(&j, "index_bytes", st->index_bytes);
-    json_u64(&j, "seq_bytes", st->seq_bytes);
-    json_u64(&j, "other_bytes", st->other_bytes);
-    json_u64(&j, "private_bytes", priv);
-    json_f64(&j, "reduction", red);
-    json_f64(&j, "reduction_ceiling", ceil_red);
-    json_u64(&j, "logical_bytes", st->logical_bytes);
-    json_u64(&j, "dedup_saved_bytes", st->dedup_saved_bytes);
-    json_u64(&j, "dedup_puts", r->dedup_puts);
-    json_u64(&j, "dedup_hits", st->dedup_hits);
-    json_bool(&j, "verified", 1);
-    json_f64(&j, "seconds", (double)r->ns_total / 1e9);
-    json_end(&j);
+    share_json(r, priv, red);
     return;
   }
   char b1[32], b2[32], b3[32], b4[32];
   printf("bench share: %" PRIu64 " agents with the same %" PRIu64 "-token context (seed %" PRIu64
          ")\n"
-         "model: %u layers x %u KV heads x head_dim %u, f16, %u tokens per block\n\n",
+         "model: %u layers x %u KV heads x head_dim %u, f16, %u tokens per block\n",
          r->cfg.agents, r->cfg.tokens, r->cfg.seed, B_LAYERS, B_HEADS, B_HEAD_DIM, B_BLOCK_TOKENS);
-  printf("  private copies would take  %12s  (%" PRIu64 " x %s of KV)\n",
+  if (r->cfg.codec)
+    printf("every block warm: K %s, V %s (%.3f + %.3f bits per value, headers included)\n",
+           kvt_codec_name(r->k_codec), kvt_codec_name(r->v_codec),
+           8.0 * (double)r->k_len / (B_BLOCK_BYTES / 2), 8.0 * (double)r->v_len / (B_BLOCK_BYTES / 2));
+  printf("\n  private copies would take  %12s  (%" PRIu64 " x %s of f16 KV)\n",
          fmt_bytes(b1, sizeof b1, priv), r->cfg.agents, fmt_bytes(b2, sizeof b2, share_payload(r)));
   printf("  engine holds (total_bytes) %12s  (tiers %s, index %s, sequences %s)\n",
          fmt_bytes(b1, sizeof b1, st->total_bytes), fmt_bytes(b2, sizeof b2, stored_bytes(st)),
          fmt_bytes(b3, sizeof b3, st->index_bytes), fmt_bytes(b4, sizeof b4, st->seq_bytes));
-  printf("  reduction                  %11.2f%%  (ceiling 1 - 1/%" PRIu64 " = %.2f%%)\n",
-         100.0 * red, r->cfg.agents, 100.0 * ceil_red);
+  if (r->cfg.codec)
+    printf("  warm tier                  %12s  (encoded %s, descriptors and alignment %s)\n",
+           fmt_bytes(b1, sizeof b1, st->tier_bytes[KVT_TIER_WARM]),
+           fmt_bytes(b2, sizeof b2, share_encoded(r)),
+           fmt_bytes(b3, sizeof b3, st->tier_bytes[KVT_TIER_WARM] - share_encoded(r)));
+  printf("  reduction                  %11.3f%%  (arithmetic limit %.3f%%%s)\n", 100.0 * red,
+         100.0 * share_arith(r), r->cfg.codec ? ": one encoded copy, nothing else" : ": 1 - 1/N");
   printf("  dedup                      %" PRIu64 " puts of stored blocks, %" PRIu64
          " dedup hits; gathered KV checked\n  time                       %.2f s\n",
          r->dedup_puts, st->dedup_hits, (double)r->ns_total / 1e9);
+}
+
+/* Every byte by category: the tiers, index, sequences and the rest must
+ * add up to total_bytes, and every block must be in the tier asked for. */
+static int share_check_stats(share_run *r)
+{
+  const kvt_stats *st = &r->st;
+  uint64_t sum = stored_bytes(st) + st->index_bytes + st->seq_bytes + st->other_bytes;
+  if (sum != st->total_bytes) {
+    fprintf(stderr, "kvtier bench share: tiers + index + sequences + other = %" PRIu64
+            " bytes, but total_bytes = %" PRIu64 "\n", sum, st->total_bytes);
+    return CLI_FAIL;
+  }
+  int t = r->cfg.codec ? KVT_TIER_WARM : KVT_TIER_HOT;
+  if (st->tier_blocks[t] != share_lblocks(r) || stored_bytes(st) != st->tier_bytes[t]) {
+    fprintf(stderr, "kvtier bench share: %" PRIu64 " of %" PRIu64 " layer blocks in the %s "
+            "tier; hot %" PRIu64 ", warm %" PRIu64 " blocks\n", st->tier_blocks[t],
+            share_lblocks(r), t == KVT_TIER_WARM ? "warm" : "hot", st->tier_blocks[KVT_TIER_HOT],
+            st->tier_blocks[KVT_TIER_WARM]);
+    return CLI_FAIL;
+  }
+  return CLI_OK;
+}
+
+/* Hot: room for everything in f16. --codec: hot limit 0 (a block can
+ * never fit, so every put encodes it straight into warm) and a warm limit
+ * with room for every block and its descriptor. */
+static int share_open(share_run *r, const char *dir)
+{
+  uint64_t pay = share_payload(r), hot = pay + pay / 4 + (64u << 20), warm = 0;
+  if (r->cfg.codec) {
+    const kvt_codec_shape cs = {B_BLOCK_TOKENS, B_HEADS, B_HEAD_DIM, 0, 0};
+    r->k_len = kvt_codec_size(r->k_codec, &cs);
+    r->v_len = kvt_codec_size(r->v_codec, &cs);
+    hot = 0;
+    warm = share_lblocks(r) * (r->k_len + r->v_len + 1024) + (64u << 20);
+  }
+  int rc = bench_open(dir, hot, warm, 0, (uint32_t)r->cfg.agents, &r->e, &r->ns);
+  if (rc != 0) return share_fail("opening the store", rc);
+  if (r->cfg.codec) {
+    rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->k_codec, r->v_codec);
+    if (rc != 0) return share_fail("setting the warm codecs", rc);
+  }
+  return CLI_OK;
 }
 
 static int share_main(share_run *r, const char *dir)
 {
   uint64_t t0 = now_ns();
   int rc = share_alloc(r);
+  if (rc == CLI_OK) rc = share_open(r, dir);
   if (rc != CLI_OK) return rc;
-  uint64_t pay = share_payload(r);
-  rc = bench_open(dir, pay + pay / 4 + (64u << 20), 0, (uint32_t)r->cfg.agents, &r->e, &r->ns);
-  if (rc != 0) return share_fail("opening the store", rc);
   for (uint32_t a = 0; a < r->cfg.agents; a++) {
     progress("bench share: agent %u of %" PRIu64, a + 1, r->cfg.agents);
     rc = share_agent(r, a);
@@ -314,7 +442,8 @@ static int share_main(share_run *r, const char *dir)
   progress_end();
   rc = kvt_stats_get(r->e, &r->st);
   if (rc != 0) return share_fail("reading the counters", rc);
-  rc = share_verify(r);
+  rc = share_check_stats(r);
+  if (rc == CLI_OK) rc = share_verify(r);
   if (rc != CLI_OK) return rc;
   r->ns_total = now_ns() - t0;
   share_report(r);
@@ -337,6 +466,12 @@ static int bench_share(int argc, char **argv)
   }
   share_run *r = calloc(1, sizeof *r);
   if (r == NULL) return share_fail("allocating state", -ENOMEM);
+  if (cfg.codec && kvt_codec_parse(cfg.codec, &r->k_codec, &r->v_codec) != 0) {
+    fprintf(stderr, "kvtier bench share: --codec '%s' is not a codec pair such as k8v3, k8cv3, "
+            "k4v2\nrun 'kvtier help bench' for its options\n", cfg.codec);
+    free(r);
+    return CLI_USAGE;
+  }
   r->cfg = cfg;
   r->n_blocks = (uint32_t)(cfg.tokens / B_BLOCK_TOKENS);
   bench_dir d;
@@ -547,8 +682,8 @@ static int hot_lookup_store(hot_run *r, const char *dir, kvt_engine **e, kvt_ns_
   char path[PATH_MAX];
   if (snprintf(path, sizeof path, "%s/lookup-metadata-only", dir) >= (int)sizeof path)
     return hot_fail("lookup store path", -ENAMETOOLONG);
-  int rc = bench_open(path, (uint64_t)LOOKUP_BLOCKS * B_TBLOCK_BYTES * 2, KVT_OPEN_METADATA_ONLY,
-                      0, e, ns);
+  int rc = bench_open(path, (uint64_t)LOOKUP_BLOCKS * B_TBLOCK_BYTES * 2, 0,
+                      KVT_OPEN_METADATA_ONLY, 0, e, ns);
   if (rc != 0) return hot_fail("opening a metadata-only store for the lookup test", rc);
   prng p;
   prng_seed(&p, mix64(r->cfg.seed ^ 0x6c6f6f6b7570ull));
@@ -651,7 +786,7 @@ static int hot_main(hot_run *r, const char *dir)
   if (rc != CLI_OK) return rc;
   /* The gathered context plus one round of puts; the next round evicts. */
   uint64_t ws = 2 * r->half;
-  rc = bench_open(dir, 2 * ws + ws / 8, 0, 0, &r->e, &r->ns);
+  rc = bench_open(dir, 2 * ws + ws / 8, 0, 0, 0, &r->e, &r->ns);
   if (rc != 0) return hot_fail("opening the store", rc);
   rc = hot_warmup(r);
   if (rc == CLI_OK) rc = hot_rounds(r);
@@ -704,12 +839,14 @@ void bench_usage(FILE *f)
   cli_opt so[SHARE_N_OPTS], ho[HOT_N_OPTS];
   share_opts(&sc, so);
   hot_opts(&hc, ho);
-  fprintf(f, "usage: kvtier bench share [options]\n       kvtier bench hot [options]\n\n"
-             "Both use the Llama-3-8B KV shape: %u layers, %u KV heads, head_dim %u, f16,\n"
+  fprintf(f, "usage: kvtier bench share [options]\n       kvtier bench hot [options]\n"
+             "       kvtier bench codec [options]\n       kvtier bench cold [options]\n\n"
+             "All use the Llama-3-8B KV shape: %u layers, %u KV heads, head_dim %u, f16,\n"
              "%u tokens per block.\n\n"
              "bench share: N agents with the same context. Reports what the engine holds\n"
              "(its own byte accounting, kvt_stats total_bytes), what N private copies would\n"
-             "take, and reduction = 1 - held / private (at most 1 - 1/N).\n",
+             "take, and reduction = 1 - held / private (at most 1 - 1/N). With --codec every\n"
+             "block is kept warm (hot limit 0), and the limit is 1 - (encoded / f16) / N.\n",
           B_LAYERS, B_HEADS, B_HEAD_DIM, B_BLOCK_TOKENS);
   cli_print_opts(f, so, SHARE_N_OPTS);
   fprintf(f, "\nbench hot: put and gather throughput on a working set of at least 64 MiB\n"
@@ -717,12 +854,15 @@ void bench_usage(FILE *f)
              "of a prefix lookup of a %u-token context, every block stored.\n",
           LOOKUP_TOKENS);
   cli_print_opts(f, ho, HOT_N_OPTS);
+  bench_codec_usage(f);
+  bench_cold_usage(f);
 }
 
 int cmd_bench(int argc, char **argv)
 {
   if (argc < 2) {
-    fprintf(stderr, "kvtier bench: which benchmark? 'share' or 'hot' (kvtier help bench)\n");
+    fprintf(stderr, "kvtier bench: which benchmark? 'share', 'hot', 'codec' or 'cold' (kvtier "
+            "help bench)\n");
     return CLI_USAGE;
   }
   if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
@@ -731,6 +871,9 @@ int cmd_bench(int argc, char **argv)
   }
   if (strcmp(argv[1], "share") == 0) return bench_share(argc - 2, argv + 2);
   if (strcmp(argv[1], "hot") == 0) return bench_hot(argc - 2, argv + 2);
-  fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share' and 'hot'\n", argv[1]);
+  if (strcmp(argv[1], "codec") == 0) return bench_codec(argc - 2, argv + 2);
+  if (strcmp(argv[1], "cold") == 0) return bench_cold(argc - 2, argv + 2);
+  fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share', 'hot', 'codec' and "
+          "'cold'\n", argv[1]);
   return CLI_USAGE;
 }

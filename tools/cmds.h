@@ -8,7 +8,15 @@
 
 int cmd_demo(int argc, char **argv);  /* demo.c */
 void demo_usage(FILE *f);
-int cmd_bench(int argc, char **argv); /* bench.c */
+int cmd_bench(int argc, char **argv); /* bench.c: share, hot; codec below */
 void bench_usage(FILE *f);
+int bench_codec(int argc, char **argv); /* bench_codec.c: `kvtier bench codec` */
+void bench_codec_usage(FILE *f);      /* its part of bench_usage() */
+int bench_cold(int argc, char **argv); /* bench_cold.c: `kvtier bench cold` */
+void bench_cold_usage(FILE *f);       /* its part of bench_usage() */
+int cmd_stat(int argc, char **argv);  /* stat.c */
+void stat_usage(FILE *f);
+int cmd_fsck(int argc, char **argv);  /* stat.c */
+void fsck_usage(FILE *f);
 
 #endif

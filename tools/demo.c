@@ -1,7 +1,10 @@
 /* demo.c - `kvtier demo`: agents that share a system prompt and each read
  * their own document send generated KV through the engine the way a serving
  * engine would (prefix lookup, append, put per layer, gather per layer), the
- * gathered bytes are checked, and a table shows what the store holds. */
+ * gathered bytes are checked, and a table shows what the store holds.
+ * Everything is written through to a cold tier in --dir, so a second run
+ * finds the prompt and the documents there by lookup and loads them instead
+ * of computing them; kvt_sync() at the end makes the run durable. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -21,6 +24,8 @@
 #define DEMO_BLOCKS (DEMO_TOKENS / DEMO_BLOCK_TOKENS)
 #define DEMO_PROMPT_BLOCKS (DEMO_PROMPT_TOKENS / DEMO_BLOCK_TOKENS)
 #define DEMO_AGENTS_MAX 32u
+#define DEMO_COLD_BYTES (4ull << 30)     /* cold tier limit */
+#define DEMO_SEGMENT_BYTES (64ull << 20) /* one segment file */
 
 _Static_assert(DEMO_PROMPT_TOKENS % DEMO_BLOCK_TOKENS == 0, "prompt is whole blocks");
 _Static_assert(DEMO_DOC_TOKENS % DEMO_BLOCK_TOKENS == 0, "document is whole blocks");
@@ -44,11 +49,19 @@ typedef struct demo_run {
   uint64_t pos_hash[DEMO_TOKENS];
   uint8_t *k, *v;                  /* generated: [layer][token][head][dim] */
   uint8_t *gk, *gv;                /* one layer gathered: [token][head][dim] */
+  uint8_t *lk, *lv;                /* one token block loaded: [layer][token][head][dim] */
+  kvt_load_req reqs[DEMO_LAYERS];
+  kvt_lookup_entry found[DEMO_BLOCKS];
   kvt_gathered gathered[DEMO_BLOCKS];
   kvt_seq *seqs[DEMO_AGENTS_MAX];  /* kept open to the end, as live agents */
   uint64_t agents_hit;             /* agents whose lookup found blocks */
   uint64_t tblocks_adopted, tblocks_computed, layer_puts, gathers;
-  uint64_t blocks_at_open;
+  uint64_t tblocks_loaded_cold;    /* durable, not in RAM: loaded, checked, put */
+  uint64_t found_by_tier[KVT_N_TIERS]; /* token blocks lookups found, by tier */
+  uint64_t blocks_at_open;         /* layer blocks in RAM tiers (0: a fresh process) */
+  uint64_t tblocks_at_open;        /* token blocks in the cold tier */
+  uint64_t durable_agents;         /* agents whose every block is durable after sync */
+  int sync_rc;
   uint64_t started_ns, seconds_ns;
   kvt_stats st;
 } demo_run;
@@ -80,8 +93,11 @@ void demo_usage(FILE *f)
              "serving engine would: prefix lookup, append, put per layer, gather per layer.\n"
              "Every gathered byte is checked against the generated KV. The table shows\n"
              "what each tier holds, what sharing saved and how often lookups hit.\n"
-             "Running it again on the same directory continues from what is there; it\n"
-             "never deletes anything.\n\noptions:\n",
+             "Every block is written through to a cold tier in the directory (4 GiB limit,\n"
+             "64 MiB segments) and kvt_sync() makes it durable at the end, so running it\n"
+             "again on the same directory continues from what is there: the agents find\n"
+             "the prompt and their documents by lookup in the cold tier and load them\n"
+             "instead of computing them. It never deletes anything.\n\noptions:\n",
           DEMO_PROMPT_TOKENS, DEMO_DOC_TOKENS, DEMO_LAYERS, DEMO_HEADS, DEMO_HEAD_DIM,
           DEMO_BLOCK_TOKENS);
   cli_print_opts(f, opts, DEMO_N_OPTS);
@@ -104,6 +120,8 @@ static int demo_open(demo_run *r)
   /* Room for everything the agents reference, plus slack for descriptors. */
   uint64_t need = demo_payload_estimate(r);
   opt.tier_bytes_limit[KVT_TIER_HOT] = need + need / 4 + (64u << 20);
+  opt.tier_bytes_limit[KVT_TIER_COLD] = DEMO_COLD_BYTES; /* write-through, persists */
+  opt.cold_segment_bytes = DEMO_SEGMENT_BYTES;
   opt.max_seqs = DEMO_AGENTS_MAX;
   int rc = kvt_engine_open(r->cfg.dir, &opt, &r->e);
   if (rc != 0) {
@@ -123,7 +141,8 @@ static int demo_open(demo_run *r)
   kvt_stats st;
   rc = kvt_stats_get(r->e, &st);
   if (rc != 0) return demo_fail("reading the store's counters", rc);
-  for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) r->blocks_at_open += st.tier_blocks[t];
+  for (int t = KVT_TIER_HOT; t < KVT_TIER_COLD; t++) r->blocks_at_open += st.tier_blocks[t];
+  r->tblocks_at_open = st.tier_blocks[KVT_TIER_COLD];
   return CLI_OK;
 }
 
@@ -134,7 +153,10 @@ static int demo_alloc(demo_run *r)
   r->v = malloc(all);
   r->gk = malloc(r->layer_bytes);
   r->gv = malloc(r->layer_bytes);
-  if (!r->k || !r->v || !r->gk || !r->gv) return demo_fail("allocating KV buffers", -ENOMEM);
+  r->lk = malloc((size_t)DEMO_LAYERS * r->block_bytes);
+  r->lv = malloc((size_t)DEMO_LAYERS * r->block_bytes);
+  if (!r->k || !r->v || !r->gk || !r->gv || !r->lk || !r->lv)
+    return demo_fail("allocating KV buffers", -ENOMEM);
   int rc = kvgen_init(&r->gen, &r->shape, r->cfg.seed);
   if (rc != 0) return demo_fail("setting up the KV generator", rc);
   return CLI_OK;
@@ -149,6 +171,8 @@ static void demo_free(demo_run *r)
   free(r->v);
   free(r->gk);
   free(r->gv);
+  free(r->lk);
+  free(r->lv);
 }
 
 /* ---- one agent ------------------------------------------------------------- */
@@ -187,15 +211,55 @@ static int agent_put_block(demo_run *r, kvt_seq *s, uint32_t b)
   return CLI_OK;
 }
 
+/* A token block that is durable but not in RAM (stored by an earlier run):
+ * load every layer from the cold tier as a serving engine would instead of
+ * computing it, check the bytes against the model's KV, and put them so
+ * attention has them in RAM (a put of a durable block adds a RAM copy
+ * only; nothing is written again). */
+static int agent_load_cold(demo_run *r, uint32_t a, kvt_seq *s, uint32_t b, const kvt_key *key)
+{
+  for (uint32_t l = 0; l < DEMO_LAYERS; l++)
+    r->reqs[l] = (kvt_load_req){.key = *key, .layer = l, .k_out = r->lk + l * r->block_bytes,
+                                .v_out = r->lv + l * r->block_bytes,
+                                .bytes_each = r->block_bytes};
+  kvt_load *ld = NULL;
+  int rc = kvt_load_submit(r->e, r->ns, r->reqs, DEMO_LAYERS, &ld);
+  if (rc == 0) rc = kvt_load_wait(ld, NULL);
+  if (rc != 0) {
+    char what[96];
+    snprintf(what, sizeof what, "loading block %u of agent %u from the cold tier", b, a);
+    return demo_fail(what, rc);
+  }
+  for (uint32_t l = 0; l < DEMO_LAYERS; l++) {
+    size_t off = l * r->layer_bytes + b * r->block_bytes;
+    if (memcmp(r->lk + l * r->block_bytes, r->k + off, r->block_bytes) != 0 ||
+        memcmp(r->lv + l * r->block_bytes, r->v + off, r->block_bytes) != 0) {
+      fprintf(stderr, "kvtier demo: agent %u, block %u, layer %u: KV loaded from tier %u "
+              "differs from the model's\n", a, b, l, r->reqs[l].tier);
+      return CLI_FAIL;
+    }
+    kvt_kv kv = {r->lk + l * r->block_bytes, r->lv + l * r->block_bytes, r->shape.dtype,
+                 DEMO_BLOCK_TOKENS, DEMO_HEADS, DEMO_HEAD_DIM};
+    rc = kvt_seq_put(s, b, l, &kv);
+    if (rc != 0) return demo_fail("putting a block loaded from the cold tier", rc);
+    r->layer_puts++;
+  }
+  r->tblocks_loaded_cold++;
+  return CLI_OK;
+}
+
 /* What a serving engine does with a new request: ask how much of the
- * prefix is stored, then append each token block; layers the store already
- * has are adopted, the others are computed (here: generated) and put. */
+ * prefix is stored and where, then append each token block; layers in RAM
+ * are adopted, durable blocks are loaded from the cold tier, the others
+ * are computed (here: generated) and put. */
 static int agent_prefill(demo_run *r, uint32_t a)
 {
   size_t found = 0;
-  int rc = kvt_lookup(r->e, r->ns, r->tokens, DEMO_TOKENS, NULL, 0, &found);
+  int rc = kvt_lookup(r->e, r->ns, r->tokens, DEMO_TOKENS, r->found, DEMO_BLOCKS, &found);
   if (rc != 0) return demo_fail("looking up the agent's prefix", rc);
   r->agents_hit += found > 0;
+  for (size_t i = 0; i < found && i < DEMO_BLOCKS; i++)
+    if (r->found[i].tier < KVT_N_TIERS) r->found_by_tier[r->found[i].tier]++;
   rc = kvt_seq_create(r->e, r->ns, &r->seqs[a]);
   if (rc != 0) return demo_fail("creating the agent's sequence", rc);
   for (uint32_t b = 0; b < DEMO_BLOCKS; b++) {
@@ -205,6 +269,11 @@ static int agent_prefill(demo_run *r, uint32_t a)
     if (rc != 0) return demo_fail("appending a token block", rc);
     if (info.layers_present == DEMO_LAYERS) {
       r->tblocks_adopted++;
+      continue;
+    }
+    if (info.durable) {
+      rc = agent_load_cold(r, a, r->seqs[a], b, &info.key);
+      if (rc != CLI_OK) return rc;
       continue;
     }
     /* Partly present (some layers evicted): the count does not say which,
@@ -281,6 +350,11 @@ static int demo_agents(demo_run *r)
     if (rc != CLI_OK) return rc;
   }
   progress_end();
+  /* Everything the agents computed is durable once this returns. */
+  r->sync_rc = kvt_sync(r->e);
+  if (r->sync_rc != 0) return demo_fail("making the store durable (kvt_sync)", r->sync_rc);
+  for (uint32_t a = 0; a < r->cfg.agents; a++)
+    r->durable_agents += kvt_seq_durable(r->seqs[a]) == DEMO_BLOCKS;
   int rc = kvt_stats_get(r->e, &r->st);
   return rc != 0 ? demo_fail("reading the store's counters", rc) : CLI_OK;
 }
@@ -292,10 +366,12 @@ static uint64_t private_bytes(const demo_run *r)
   return r->cfg.agents * DEMO_BLOCKS * DEMO_LAYERS * 2 * (uint64_t)r->block_bytes;
 }
 
+/* Bytes in RAM (hot + warm): what sharing saves. The cold tier's copy is
+ * the durable one, reported on its own. */
 static uint64_t stored_bytes(const kvt_stats *st)
 {
   uint64_t sum = 0;
-  for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) sum += st->tier_bytes[t];
+  for (int t = KVT_TIER_HOT; t < KVT_TIER_COLD; t++) sum += st->tier_bytes[t];
   return sum;
 }
 
@@ -327,16 +403,36 @@ static void report_json(const demo_run *r)
   json_u64(&j, "system_prompt_tokens", DEMO_PROMPT_TOKENS);
   json_u64(&j, "document_tokens", DEMO_DOC_TOKENS);
   json_u64(&j, "blocks_at_open", r->blocks_at_open);
+  json_u64(&j, "token_blocks_at_open", r->tblocks_at_open);
   json_bool(&j, "persists_across_runs", cold_exists(r));
   json_obj(&j, "tiers");
   for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) {
     json_obj(&j, tier_names[t]);
     json_u64(&j, "blocks", st->tier_blocks[t]);
+    json_str(&j, "unit", t == KVT_TIER_COLD ? "token blocks" : "layer blocks");
     json_u64(&j, "bytes", st->tier_bytes[t]);
     json_u64(&j, "limit", st->tier_limit[t]);
     json_end(&j);
   }
   json_end(&j);
+  json_obj(&j, "cold");
+  json_u64(&j, "records", st->cold_records);
+  json_u64(&j, "segments", st->cold_segments);
+  json_u64(&j, "written_this_run", st->cold_written);
+  json_u64(&j, "write_bytes", st->cold_write_bytes);
+  json_u64(&j, "reads", st->cold_reads);
+  json_u64(&j, "read_bytes", st->cold_read_bytes);
+  json_u64(&j, "checksum_failures", st->cold_checksum_failures);
+  json_str(&j, "io_backend", st->io_backend);
+  json_str(&j, "io_why", st->io_why);
+  json_end(&j);
+  json_bool(&j, "synced", r->sync_rc == 0);
+  json_u64(&j, "durable_token_blocks", st->cold_records);
+  json_u64(&j, "durable_agents", r->durable_agents);
+  json_obj(&j, "lookup_found_by_tier");
+  for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) json_u64(&j, tier_names[t], r->found_by_tier[t]);
+  json_end(&j);
+  json_u64(&j, "token_blocks_loaded_cold", r->tblocks_loaded_cold);
   json_u64(&j, "stored_bytes", stored_bytes(st));
   json_u64(&j, "total_bytes", st->total_bytes);
   json_u64(&j, "private_bytes", private_bytes(r));
@@ -364,21 +460,22 @@ static void report_store_line(const demo_run *r)
     printf("store: %s (nothing persists across processes until the cold tier exists,\n"
            "       so every run starts from an empty store; nothing was deleted)\n",
            r->cfg.dir);
-  else if (r->blocks_at_open == 0)
-    printf("store: %s (started empty)\n", r->cfg.dir);
+  else if (r->tblocks_at_open == 0)
+    printf("store: %s (started empty; written through to its cold tier)\n", r->cfg.dir);
   else
-    printf("store: %s (continued from %" PRIu64 " layer blocks already stored)\n", r->cfg.dir,
-           r->blocks_at_open);
+    printf("store: %s (continued from %" PRIu64 " token blocks already in its cold tier)\n",
+           r->cfg.dir, r->tblocks_at_open);
 }
 
 static void report_tiers(const kvt_stats *st)
 {
   char b1[32], b2[32];
-  printf("\n  %-6s %14s %12s %12s\n", "tier", "layer blocks", "bytes", "limit");
+  printf("\n  %-6s %14s %12s %12s\n", "tier", "blocks", "bytes", "limit");
   for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++)
-    printf("  %-6s %14" PRIu64 " %12s %12s\n", tier_names[t], st->tier_blocks[t],
+    printf("  %-6s %14" PRIu64 " %12s %12s  %s\n", tier_names[t], st->tier_blocks[t],
            fmt_bytes(b1, sizeof b1, st->tier_bytes[t]),
-           fmt_bytes(b2, sizeof b2, st->tier_limit[t]));
+           fmt_bytes(b2, sizeof b2, st->tier_limit[t]),
+           t == KVT_TIER_COLD ? "token blocks, all layers (on disk, durable)" : "layer blocks");
   printf("  engine total %21s  (payloads, index, sequences, bookkeeping)\n\n",
          fmt_bytes(b1, sizeof b1, st->total_bytes));
 }
@@ -401,14 +498,25 @@ static void report_human(const demo_run *r)
   printf("  lookups  %" PRIu64 ": %" PRIu64 " of %" PRIu64 " token blocks found (hit rate "
          "%.1f%%)\n", st->lookups, st->lookup_blocks_hit,
          st->lookup_blocks_hit + st->lookup_blocks_miss, 100.0 * hit_rate(st));
+  printf("  found    by lookup: %" PRIu64 " token blocks in hot, %" PRIu64 " in warm, %" PRIu64
+         " in cold; %" PRIu64 " loaded from cold\n", r->found_by_tier[KVT_TIER_HOT],
+         r->found_by_tier[KVT_TIER_WARM], r->found_by_tier[KVT_TIER_COLD], r->tblocks_loaded_cold);
+  printf("  durable  kvt_sync: %" PRIu64 " token blocks in the cold tier (%" PRIu64 " segments, "
+         "%s written by this run); %" PRIu64 " of %" PRIu64 " agents fully durable\n",
+         st->cold_records, st->cold_segments, fmt_bytes(b1, sizeof b1, st->cold_write_bytes),
+         r->durable_agents, r->cfg.agents);
+  printf("  I/O      %s\n", st->io_backend[0] ? st->io_backend : "none");
   printf("  check    %" PRIu64 " gathers (%u layers x %" PRIu64 " agents) returned exactly the "
          "KV that was put\n  time     %.2f s\n\n", r->gathers, DEMO_LAYERS, r->cfg.agents,
          (double)r->seconds_ns / 1e9);
   printf("What it means: the agents share one stored copy of the system prompt's KV;\n"
-         "%" PRIu64 " of %" PRIu64 " agents found it by prefix lookup and skipped computing "
-         "%" PRIu64 " token blocks,\nso the store holds %s for %s of context.\n",
-         r->agents_hit, r->cfg.agents, r->tblocks_adopted,
-         fmt_bytes(b1, sizeof b1, stored_bytes(st)), fmt_bytes(b2, sizeof b2, st->logical_bytes));
+         "%" PRIu64 " of %" PRIu64 " agents found stored blocks by prefix lookup and skipped "
+         "computing %" PRIu64 " token blocks\n(%" PRIu64 " of them loaded from disk), so RAM "
+         "holds %s for %s of context.\nEverything is durable in %s: run the demo again to "
+         "continue from it.\n",
+         r->agents_hit, r->cfg.agents, r->tblocks_adopted + r->tblocks_loaded_cold,
+         r->tblocks_loaded_cold, fmt_bytes(b1, sizeof b1, stored_bytes(st)),
+         fmt_bytes(b2, sizeof b2, st->logical_bytes), r->cfg.dir);
 }
 
 /* ---- entry ------------------------------------------------------------------- */

@@ -16,12 +16,17 @@ typedef struct command {
 } command;
 
 /* Listed only once they work: later ones (warm, plan, calibrate, train,
- * eval, stat, fsck) are added here as they are written. */
+ * eval) are added here as they are written. */
 static const command commands[] = {
     {"demo", cmd_demo, demo_usage,
      "run agents that share a system prompt through the engine; show what it stored"},
     {"bench", cmd_bench, bench_usage,
-     "measure sharing (bench share) and hot-tier speed against memcpy (bench hot)"},
+     "measure sharing (bench share), hot-tier speed (bench hot), the warm codecs' speed\n"
+     "           and error (bench codec), the cold tier against the raw disk (bench cold)"},
+    {"stat", cmd_stat, stat_usage,
+     "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
+    {"fsck", cmd_fsck, fsck_usage,
+     "check every cold-tier record against the index; --repair removes broken ones"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

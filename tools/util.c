@@ -1,5 +1,6 @@
 /* util.c - helpers of the kvtier command (see util.h): options, JSON,
- * timing, order statistics, PRNG, f16 conversion and the KV generator.
+ * timing, order statistics, PRNG, f16 conversion, the KV generator and
+ * benchmark directories.
  * Plain C11 + POSIX; no SIMD, since the tools are built without -mf16c. */
 #include "util.h"
 
@@ -289,6 +290,13 @@ uint32_t prng_below(prng *r, uint32_t n)
   return (uint32_t)(((unsigned __int128)prng_next(r) * n) >> 64);
 }
 
+double prng_gauss(prng *r)
+{
+  double u1 = ((double)(prng_next(r) >> 11) + 0.5) * 0x1p-53; /* (0, 1): log is finite */
+  double u2 = (double)(prng_next(r) >> 11) * 0x1p-53;
+  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
 void gen_tokens(prng *r, uint32_t vocab, uint32_t *tokens, size_t n)
 {
   for (size_t i = 0; i < n; i++) tokens[i] = prng_below(r, vocab);
@@ -327,6 +335,36 @@ static inline uint16_t f16_round(float f)
 }
 
 uint16_t f32_to_f16(float f) { return f16_round(f); }
+
+float f16_to_f32(uint16_t h)
+{
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0x1f)
+    x = sign | 0x7f800000u | (m << 13); /* infinity, NaN */
+  else if (e != 0)
+    x = sign | ((e + 112) << 23) | (m << 13);
+  else if (m == 0)
+    x = sign;
+  else { /* subnormal: m * 2^-24, exact in binary32 */
+    float f = (float)m * 0x1p-24f;
+    return sign ? -f : f;
+  }
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+}
+
+/* ---- codecs ------------------------------------------------------------- */
+
+double lloyd_max_nmse(int v_codec)
+{
+  switch (v_codec) {
+  case KVT_CODEC_V2: return 0.1175;
+  case KVT_CODEC_V3: return 0.03454;
+  case KVT_CODEC_V4: return 0.009497;
+  default: return 0.0;
+  }
+}
 
 /* ---- KV generator --------------------------------------------------------- */
 
@@ -472,4 +510,28 @@ static int remove_one(const char *path, const struct stat *sb, int flag, struct 
 int remove_tree(const char *dir)
 {
   return nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0 ? -errno : 0;
+}
+
+int bench_dir_open(bench_dir *d, const char *user_dir, const char *cmd)
+{
+  d->made = 0;
+  if (user_dir) {
+    if (strlen(user_dir) >= sizeof d->path - 32)
+      return cli_lib_error(cmd, "--dir", -ENAMETOOLONG);
+    snprintf(d->path, sizeof d->path, "%s", user_dir);
+    return CLI_OK;
+  }
+  const char *tmp = getenv("TMPDIR");
+  if (tmp == NULL || *tmp == '\0' || strlen(tmp) > sizeof d->path - 64) tmp = "/tmp";
+  snprintf(d->path, sizeof d->path, "%s/kvtier-bench-XXXXXX", tmp);
+  if (mkdtemp(d->path) == NULL) return cli_lib_error(cmd, "creating a scratch directory", -errno);
+  d->made = 1;
+  return CLI_OK;
+}
+
+void bench_dir_close(bench_dir *d, const char *cmd)
+{
+  if (!d->made) return;
+  int rc = remove_tree(d->path);
+  if (rc != 0) fprintf(stderr, "kvtier %s: removing %s: %s\n", cmd, d->path, kvt_strerror(rc));
 }

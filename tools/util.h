@@ -4,6 +4,7 @@
 #ifndef KVT_TOOLS_UTIL_H
 #define KVT_TOOLS_UTIL_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -93,6 +94,9 @@ void prng_seed(prng *r, uint64_t seed);
 uint64_t prng_next(prng *r);
 uint32_t prng_below(prng *r, uint32_t n); /* uniform in [0, n), n >= 1 */
 
+/* A standard normal draw (Box-Muller on two 53-bit uniforms). */
+double prng_gauss(prng *r);
+
 /* Fill tokens[0..n) with ids in [0, vocab) drawn from r. */
 void gen_tokens(prng *r, uint32_t vocab, uint32_t *tokens, size_t n);
 
@@ -101,6 +105,15 @@ void gen_tokens(prng *r, uint32_t vocab, uint32_t *tokens, size_t n);
 /* IEEE binary32 -> binary16, round to nearest even; overflow gives infinity,
  * NaN stays NaN (quietened, top payload bits kept), as F16C's VCVTPS2PH. */
 uint16_t f32_to_f16(float f);
+/* binary16 -> binary32, exact (subnormals, infinities and NaN included). */
+float f16_to_f32(uint16_t h);
+
+/* ---- codecs -------------------------------------------------------------- */
+
+/* Mean squared error of the Lloyd-Max quantizer of N(0,1) at a value
+ * codec's bits (2: 0.1175, 3: 0.03454, 4: 0.009497): the NMSE a rotated
+ * Gaussian vector should show. 0 for any other codec. */
+double lloyd_max_nmse(int v_codec);
 
 /* ---- deterministic KV generator ------------------------------------------ *
  * The KV of position i in layer l, head h is a function of (seed, tokens
@@ -138,5 +151,16 @@ void kvgen_fill(const kvgen *g, const uint64_t *pos_hash, size_t n_tokens, uint3
 
 /* Remove a directory tree that this process created (bench scratch). */
 int remove_tree(const char *dir);
+
+/* A benchmark's store directory: the user's, or a scratch one. */
+typedef struct bench_dir {
+  char path[PATH_MAX];
+  int made; /* created here: removed at the end */
+} bench_dir;
+
+/* The user's directory (user_dir non-NULL), or a scratch one under $TMPDIR
+ * that bench_dir_close() removes. CLI_OK, or CLI_FAIL reported for cmd. */
+int bench_dir_open(bench_dir *d, const char *user_dir, const char *cmd);
+void bench_dir_close(bench_dir *d, const char *cmd);
 
 #endif

@@ -1,0 +1,232 @@
+/* flush.c - the engine's side of the cold tier: which token blocks go
+ * there (complete in every layer, exact, admitted), the flusher thread that
+ * writes them in groups, kvt_sync() and the durable watermark.
+ *
+ * A hot layer block published while the cold tier is on holds a pin
+ * (lblk.held) until its token block is durable, so it can be neither
+ * demoted nor dropped before its exact bytes are written; the hold is let
+ * go early when no sequence references the block any more or admission
+ * says no. The flusher copies nothing: it reads the pinned payloads
+ * outside the engine lock. Lock order: engine lock, never held across
+ * kvt_cold_write(). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+
+static int all_hot(const kvt_tblk *tb) {
+  if (tb->n_present != tb->n_layers) return 0;
+  for (uint32_t l = 0; l < tb->n_layers; l++)
+    if (tb->layers[l]->tier != KVT_TIER_HOT || !tb->layers[l]->payload) return 0;
+  return 1;
+}
+
+static void release_holds(kvt_engine *e, kvt_tblk *tb) {
+  tb->seq_refs++; /* unpinning may free layers; keep tb while we walk it */
+  for (uint32_t l = 0; l < tb->n_layers; l++) {
+    kvt_lblk *b = tb->layers[l];
+    if (b && b->held) {
+      b->held = 0;
+      kvt_lblk_unpin(e, b);
+    }
+  }
+  tb->seq_refs--;
+  kvt_tblk_maybe_free(e, tb);
+}
+
+void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
+  if (!kvt_cold_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
+  if (tb->seen < e->opt.cold_admit_min_seen) return; /* may be admitted on a later append */
+  for (uint32_t l = 0; l < tb->n_layers; l++) /* the queue relies on every layer's pin */
+    if (!tb->layers[l]->held) {
+      tb->layers[l]->held = 1;
+      kvt_lblk_pin(e, tb->layers[l]);
+    }
+  tb->queued = 1;
+  tb->seq_refs++; /* the queue holds it too */
+  tb->fq_next = NULL;
+  if (e->fq_tail) e->fq_tail->fq_next = tb;
+  else e->fq_head = tb;
+  e->fq_tail = tb;
+  e->enqueued++;
+  e->st.cold_queued++;
+  pthread_cond_signal(&e->work);
+}
+
+int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
+
+/* Take up to group_bytes of queued token blocks (at least one). */
+static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
+  uint64_t bytes = 0;
+  size_t n = 0;
+  while (e->fq_head && n < max) {
+    kvt_tblk *tb = e->fq_head;
+    uint64_t b = 2 * (uint64_t)tb->ns->bytes_each * tb->n_layers;
+    if (n && bytes + b > e->opt.cold_group_bytes) break;
+    e->fq_head = tb->fq_next;
+    if (!e->fq_head) e->fq_tail = NULL;
+    out[n++] = tb;
+    bytes += b;
+    e->st.cold_queued--;
+  }
+  return n;
+}
+
+#define GROUP_MAX 1024
+
+static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
+                       const uint8_t **ptrs) {
+  size_t np = 0;
+  for (size_t i = 0; i < n; i++) {
+    kvt_tblk *tb = g[i];
+    const kvt_shape *sh = &tb->ns->desc.shape;
+    recs[i] = (kvt_cold_rec){.key = tb->key, .parent = tb->parent, .ns_seed = tb->ns->seed,
+                             .pos = tb->pos, .n_layers = tb->n_layers, .dtype = sh->dtype,
+                             .bytes_each = (uint32_t)tb->ns->bytes_each, .layers = ptrs + np};
+    for (uint32_t l = 0; l < tb->n_layers; l++) ptrs[np++] = tb->layers[l]->payload;
+  }
+  return kvt_cold_write(e->cold, recs, n, NULL);
+}
+
+static void *flusher_main(void *arg) {
+  kvt_engine *e = arg;
+  kvt_tblk *g[GROUP_MAX];
+  kvt_cold_rec *recs = malloc(GROUP_MAX * sizeof *recs);
+  const uint8_t **ptrs = NULL;
+  size_t ptrs_cap = 0;
+  pthread_mutex_lock(&e->lock);
+  for (;;) {
+    while (!e->fq_head && !e->stop) pthread_cond_wait(&e->work, &e->lock);
+    if (!e->fq_head) break; /* stop, and everything queued is done */
+    size_t n = take_group(e, g, GROUP_MAX), need = 0;
+    for (size_t i = 0; i < n; i++) need += g[i]->n_layers;
+    pthread_mutex_unlock(&e->lock);
+    int rc = recs ? 0 : -ENOMEM;
+    if (!rc && need > ptrs_cap) {
+      const uint8_t **np = realloc(ptrs, need * sizeof *np);
+      if (np) {
+        ptrs = np;
+        ptrs_cap = need;
+      } else {
+        rc = -ENOMEM;
+      }
+    }
+    if (!rc) rc = write_group(e, g, n, recs, ptrs); /* payloads are pinned: no lock needed */
+    pthread_mutex_lock(&e->lock);
+    for (size_t i = 0; i < n; i++) {
+      kvt_tblk *tb = g[i];
+      tb->queued = 0;
+      if (!rc && !tb->indexed) { /* dropped while being written: not again */
+        pthread_mutex_unlock(&e->lock);
+        kvt_cold_remove(e->cold, &tb->key);
+        pthread_mutex_lock(&e->lock);
+      } else if (!rc) {
+        tb->cold = 1;
+      }
+      tb->seq_refs--;
+      release_holds(e, tb); /* durable, or given up on: RAM may let it go */
+    }
+    if (rc && !e->cold_err) e->cold_err = rc;
+    if (!rc) e->st.cold_written += n;
+    e->completed += n;
+    pthread_cond_broadcast(&e->flushed);
+  }
+  pthread_mutex_unlock(&e->lock);
+  free(recs);
+  free(ptrs);
+  return NULL;
+}
+
+static void cold_config(const kvt_engine *e, const char *dir, kvt_cold_config *c) {
+  const kvt_options *o = &e->opt;
+  *c = (kvt_cold_config){.dir = dir, .rdonly = kvt_rdonly(e),
+                         .bytes_limit = o->tier_bytes_limit[KVT_TIER_COLD],
+                         .segment_bytes = o->cold_segment_bytes, .map_bytes = o->cold_index_bytes,
+                         .compress = (int)o->cold_compress, .zstd_level = 1};
+  c->io.backend = (int)o->io_backend;
+  c->io.depth = o->io_depth;
+  c->io.fault = (kvt_io_fault){.ops = o->test_fault.ops, .kind = o->test_fault.kind,
+                               .after = o->test_fault.after, .count = o->test_fault.count,
+                               .seed = o->test_fault.seed};
+}
+
+/* Reclaiming a cold segment: blocks still referenced by a sequence are
+ * written again; the others leave the cold tier (and stop being durable). */
+static int keep_block(void *arg, const kvt_key *key) {
+  kvt_engine *e = arg;
+  pthread_mutex_lock(&e->lock);
+  kvt_tblk *tb = kvt_index_find(e, key);
+  int keep = tb && tb->seq_refs > 0;
+  if (tb && !keep) tb->cold = 0;
+  pthread_mutex_unlock(&e->lock);
+  return keep;
+}
+
+int kvt_cold_start(kvt_engine *e, const char *dir) {
+  kvt_cold_config cfg;
+  cold_config(e, dir, &cfg);
+  int rc = kvt_cold_open(&e->mem, &cfg, &e->cold);
+  if (rc || kvt_rdonly(e)) return rc;
+  kvt_cold_set_keep(e->cold, keep_block, e);
+  pthread_cond_init(&e->work, NULL);
+  pthread_cond_init(&e->flushed, NULL);
+  rc = -pthread_create(&e->flusher, NULL, flusher_main, e);
+  if (rc) {
+    kvt_cold_close(e->cold);
+    e->cold = NULL;
+    return rc;
+  }
+  e->flusher_on = 1;
+  return 0;
+}
+
+/* With the engine lock held; returns with it held. */
+void kvt_cold_stop(kvt_engine *e) {
+  if (e->flusher_on) {
+    e->stop = 1;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(e->flusher, NULL);
+    pthread_mutex_lock(&e->lock);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->flushed);
+    e->flusher_on = 0;
+  }
+  kvt_cold_close(e->cold);
+  e->cold = NULL;
+}
+
+int kvt_sync(kvt_engine *e) {
+  if (!e) return KVT_ENULL;
+  if (kvt_rdonly(e)) return KVT_ERDONLY;
+  if (!kvt_cold_on(e)) return 0;
+  pthread_mutex_lock(&e->lock);
+  uint64_t target = e->enqueued;
+  while (e->completed < target) pthread_cond_wait(&e->flushed, &e->lock);
+  int rc = e->cold_err;
+  e->cold_err = 0;
+  pthread_mutex_unlock(&e->lock);
+  return rc;
+}
+
+uint32_t kvt_seq_durable(const kvt_seq *s) {
+  if (!s || !s->e->cold) return 0;
+  kvt_engine *e = s->e;
+  pthread_mutex_lock(&e->lock);
+  uint32_t n = 0;
+  while (n < s->n_blocks && s->tb[n]->cold) n++;
+  pthread_mutex_unlock(&e->lock);
+  return n;
+}
+
+int kvt_fsck(kvt_engine *e, int repair, kvt_fsck_result *res,
+             void (*report)(void *, const kvt_key *, const char *), void *arg) {
+  if (!e || !res) return KVT_ENULL;
+  *res = (kvt_fsck_result){0};
+  if (!e->cold) return KVT_ENOTFOUND;
+  if (repair && kvt_rdonly(e)) return KVT_ERDONLY;
+  int rc = kvt_cold_verify(e->cold, repair, &res->checked, &res->bad, report, arg);
+  if (!rc && repair) res->removed = res->bad;
+  return rc;
+}

@@ -1,0 +1,1545 @@
+/* cold.c - the cold tier (cold.h): records in segment files, the LMDB
+ * index, group commit, verified reads. The byte layouts live in
+ * docs/format.md ("Cold tier") and in the put_/get_ helpers below, which
+ * are the only code that knows them. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zstd.h>
+
+#include "tiers/cold.h"
+
+#define FORMAT_VERSION 1u
+#define REC_MAGIC "KVTREC01"
+#define REC_FIXED 88u
+#define SLICE_ENTRY 24u
+#define ENTRY_FIXED 80u
+#define MAX_SEGS 65536u
+
+enum seg_state { SEG_FREE = 0, SEG_OPEN = 1, SEG_FULL = 2 };
+
+typedef struct seg {
+  int fd;                      /* -1 when not open */
+  uint64_t gen;                /* bumped whenever the file is reused */
+  uint64_t used;               /* bytes appended so far (never rewritten) */
+  uint64_t live;               /* bytes of records the index points to */
+  uint32_t state;
+} seg;
+
+typedef struct carry {
+  kvt_cold_rec rec;
+  uint8_t *raw;                /* all layers' K||V */
+  const uint8_t **layers;
+} carry;
+
+struct kvt_cold {
+  kvt_mem *mem;
+  int (*keep)(void *arg, const kvt_key *key); /* re-insert on reclaim? */
+  void *keep_arg;
+  uint64_t evictions, reclaims;
+  kvt_cold_config cfg;
+  char dir[4096];
+  MDB_env *env;
+  MDB_dbi db_meta, db_ns, db_blocks, db_segs;
+  kvt_io *wio;                 /* the writer's (flusher thread) */
+  kvt_io *rio;                 /* synchronous reads, under rd_lock */
+  pthread_mutex_t rd_lock;
+  /* asynchronous reads: a reader thread owns aio and serves a queue */
+  kvt_io *aio;
+  pthread_t reader;
+  int reader_on, reader_stop;
+  pthread_mutex_t rq_lock;
+  pthread_cond_t rq_cv;
+  kvt_cold_read *rq_head, *rq_tail;
+  pthread_mutex_t st_lock;     /* stats and the segment table's counters */
+  seg *segs;                   /* [max_segs] */
+  uint32_t n_segs, max_segs;
+  int active;                  /* segment being appended, or -1 */
+  ZSTD_CCtx *cctx;             /* writer */
+  uint8_t *stage;              /* writer's staging buffer */
+  size_t stage_cap;
+  uint8_t *plane;              /* writer's scratch for one byte plane */
+  size_t plane_cap;
+  kvt_cold_stats st;
+};
+
+/* ---------- little-endian helpers ---------- */
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << 8 * i;
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << 8 * i;
+  return v;
+}
+static uint64_t align4k(uint64_t n) { return (n + KVT_IO_ALIGN - 1) & ~(uint64_t)(KVT_IO_ALIGN - 1); }
+
+static int mdb_err(int rc) {
+  if (rc == 0) return 0;
+  if (rc == MDB_NOTFOUND) return KVT_ENOTFOUND;
+  if (rc == MDB_MAP_FULL) return -ENOSPC;
+  if (rc == MDB_VERSION_MISMATCH || rc == MDB_INVALID || rc == MDB_CORRUPTED) return KVT_ECORRUPT;
+  return rc > 0 ? -rc : -EIO;
+}
+
+/* ---------- index entry: key -> where the record is ---------- */
+
+static size_t entry_len(uint32_t n_layers) { return ENTRY_FIXED + (size_t)SLICE_ENTRY * n_layers; }
+
+static void put_slice(uint8_t *p, const kvt_cold_slice *s) {
+  put32(p, s->rel_off);
+  put32(p + 4, s->stored_len);
+  put32(p + 8, s->raw_len);
+  p[12] = s->codec;
+  p[13] = p[14] = p[15] = 0;
+  put64(p + 16, s->checksum);
+}
+
+static void get_slice(const uint8_t *p, kvt_cold_slice *s) {
+  s->rel_off = get32(p);
+  s->stored_len = get32(p + 4);
+  s->raw_len = get32(p + 8);
+  s->codec = p[12];
+  s->checksum = get64(p + 16);
+}
+
+static void put_entry(uint8_t *p, const kvt_cold_entry *e) {
+  put32(p, FORMAT_VERSION);
+  put32(p + 4, e->seg);
+  put64(p + 8, e->seg_gen);
+  put64(p + 16, e->offset);
+  put32(p + 24, e->rec_len);
+  put32(p + 28, e->n_layers);
+  put32(p + 32, e->dtype);
+  put32(p + 36, e->bytes_each);
+  memcpy(p + 40, e->parent.b, 16);
+  put32(p + 56, e->pos);
+  put32(p + 60, 0);
+  memcpy(p + 64, e->ns_seed.b, 16);
+}
+
+/* Parse an index value; KVT_ECORRUPT when it is not one. */
+static int get_entry(const kvt_key *key, const MDB_val *v, kvt_cold_entry *e) {
+  const uint8_t *p = v->mv_data;
+  if (v->mv_size < ENTRY_FIXED || get32(p) != FORMAT_VERSION) return KVT_ECORRUPT;
+  e->key = *key;
+  e->seg = get32(p + 4);
+  e->seg_gen = get64(p + 8);
+  e->offset = get64(p + 16);
+  e->rec_len = get32(p + 24);
+  e->n_layers = get32(p + 28);
+  e->dtype = get32(p + 32);
+  e->bytes_each = get32(p + 36);
+  memcpy(e->parent.b, p + 40, 16);
+  e->pos = get32(p + 56);
+  memcpy(e->ns_seed.b, p + 64, 16);
+  if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || v->mv_size != entry_len(e->n_layers))
+    return KVT_ECORRUPT;
+  return 0;
+}
+
+static const uint8_t *entry_slice(const MDB_val *v, uint32_t layer) {
+  return (const uint8_t *)v->mv_data + ENTRY_FIXED + (size_t)SLICE_ENTRY * layer;
+}
+
+/* ---------- segment table ---------- */
+
+static void seg_row(const seg *s, uint8_t row[32]) {
+  put64(row, s->gen);
+  put64(row + 8, s->used);
+  put64(row + 16, s->live);
+  put32(row + 24, s->state);
+  put32(row + 28, 0);
+}
+
+static int seg_save(kvt_cold *c, MDB_txn *t, uint32_t id) {
+  uint8_t k[4], row[32];
+  put32(k, id);
+  pthread_mutex_lock(&c->st_lock);
+  seg_row(&c->segs[id], row);
+  pthread_mutex_unlock(&c->st_lock);
+  MDB_val key = {4, k}, val = {32, row};
+  return mdb_err(mdb_put(t, c->db_segs, &key, &val, 0));
+}
+
+static void seg_path(const kvt_cold *c, uint32_t id, char *buf, size_t cap) {
+  snprintf(buf, cap, "%s/segments/seg-%08u", c->dir, id);
+}
+
+static int seg_open_file(kvt_cold *c, uint32_t id, int create) {
+  char path[4200];
+  int direct;
+  seg_path(c, id, path, sizeof path);
+  kvt_io *io = c->wio ? c->wio : c->rio;
+  return kvt_io_open(io, path, create, c->cfg.rdonly, &c->segs[id].fd, &direct);
+}
+
+static int kvt_io_exists_seg(const kvt_cold *c, uint32_t id) {
+  char path[4200];
+  seg_path(c, id, path, sizeof path);
+  return kvt_io_exists(path);
+}
+
+/* ---------- open / close ---------- */
+
+static int reader_start(kvt_cold *c);
+static void reader_stop(kvt_cold *c);
+
+static int meta_get64(kvt_cold *c, MDB_txn *t, const char *name, uint64_t *v) {
+  MDB_val key = {strlen(name), (void *)name}, val;
+  int rc = mdb_get(t, c->db_meta, &key, &val);
+  if (rc) return mdb_err(rc);
+  if (val.mv_size != 8) return KVT_ECORRUPT;
+  *v = get64(val.mv_data);
+  return 0;
+}
+
+static int meta_put64(kvt_cold *c, MDB_txn *t, const char *name, uint64_t v) {
+  uint8_t b[8];
+  put64(b, v);
+  MDB_val key = {strlen(name), (void *)name}, val = {8, b};
+  return mdb_err(mdb_put(t, c->db_meta, &key, &val, 0));
+}
+
+/* Format version and segment size: created on first open, checked after. */
+static int meta_init(kvt_cold *c, MDB_txn *t) {
+  uint64_t ver, segb;
+  int rc = meta_get64(c, t, "format", &ver);
+  if (rc == KVT_ENOTFOUND) {
+    if (c->cfg.rdonly) return KVT_ECORRUPT;
+    rc = meta_put64(c, t, "format", FORMAT_VERSION);
+    if (!rc) rc = meta_put64(c, t, "segment_bytes", c->cfg.segment_bytes);
+    return rc;
+  }
+  if (rc) return rc;
+  if (ver != FORMAT_VERSION) return KVT_EVERSION;
+  rc = meta_get64(c, t, "segment_bytes", &segb);
+  if (rc) return rc == KVT_ENOTFOUND ? KVT_ECORRUPT : rc;
+  if (segb < KVT_IO_ALIGN || segb % KVT_IO_ALIGN) return KVT_ECORRUPT;
+  c->cfg.segment_bytes = segb; /* a property of the store, not of this open */
+  return 0;
+}
+
+/* Load the segment table; a segment's append point is the larger of what
+ * the index committed and the file's size, so pages written by a group
+ * that never committed are never written again. */
+static int segs_load(kvt_cold *c, MDB_txn *t) {
+  MDB_cursor *cur = NULL;
+  int rc = mdb_err(mdb_cursor_open(t, c->db_segs, &cur));
+  if (rc) return rc;
+  MDB_val k, v;
+  for (int op = MDB_FIRST; !(rc = mdb_cursor_get(cur, &k, &v, op)); op = MDB_NEXT) {
+    if (k.mv_size != 4 || v.mv_size != 32) {
+      rc = KVT_ECORRUPT;
+      break;
+    }
+    uint32_t id = get32(k.mv_data);
+    if (id >= c->max_segs) {
+      rc = KVT_ECORRUPT;
+      break;
+    }
+    const uint8_t *r = v.mv_data;
+    seg *s = &c->segs[id];
+    s->gen = get64(r);
+    s->used = get64(r + 8);
+    s->live = get64(r + 16);
+    s->state = get32(r + 24);
+    if (id >= c->n_segs) c->n_segs = id + 1;
+  }
+  mdb_cursor_close(cur);
+  if (rc != MDB_NOTFOUND) return rc > 0 || rc < -30000 ? mdb_err(rc) : rc;
+  for (uint32_t id = 0; id < c->n_segs; id++) {
+    seg *s = &c->segs[id];
+    if (s->state == SEG_FREE && !kvt_io_exists_seg(c, id)) continue;
+    rc = seg_open_file(c, id, 0);
+    if (rc) return rc;
+    uint64_t size;
+    rc = kvt_io_file_size(s->fd, &size);
+    if (rc) return rc;
+    if (align4k(size) > s->used) s->used = align4k(size);
+    if (s->state == SEG_OPEN && c->active < 0 && !c->cfg.rdonly) c->active = (int)id;
+    c->st.live_bytes += s->live;
+  }
+  return 0;
+}
+
+static int open_dbs(kvt_cold *c) {
+  MDB_txn *t;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, c->cfg.rdonly ? MDB_RDONLY : 0, &t));
+  if (rc) return rc;
+  unsigned fl = c->cfg.rdonly ? 0 : MDB_CREATE;
+  rc = mdb_err(mdb_dbi_open(t, "meta", fl, &c->db_meta));
+  if (!rc) rc = mdb_err(mdb_dbi_open(t, "ns", fl, &c->db_ns));
+  if (!rc) rc = mdb_err(mdb_dbi_open(t, "blocks", fl, &c->db_blocks));
+  if (!rc) rc = mdb_err(mdb_dbi_open(t, "segs", fl, &c->db_segs));
+  if (rc == KVT_ENOTFOUND) rc = KVT_ECORRUPT; /* read-only and never created */
+  if (!rc) rc = meta_init(c, t);
+  if (!rc) rc = segs_load(c, t);
+  if (rc) {
+    mdb_txn_abort(t);
+    return rc;
+  }
+  /* Committing (even a read-only transaction) keeps the database handles;
+   * aborting would close them. */
+  rc = mdb_err(mdb_txn_commit(t));
+  if (rc || c->cfg.rdonly) return rc;
+  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+}
+
+static int open_env(kvt_cold *c) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/index", c->dir);
+  if (!c->cfg.rdonly) {
+    int rc = kvt_io_mkdir(path);
+    if (!rc) {
+      char sp[4200];
+      snprintf(sp, sizeof sp, "%s/segments", c->dir);
+      rc = kvt_io_mkdir(sp);
+    }
+    if (rc) return rc;
+  } else if (!kvt_io_exists(path)) {
+    return -ENOENT;
+  }
+  int rc = mdb_err(mdb_env_create(&c->env));
+  if (rc) return rc;
+  mdb_env_set_maxdbs(c->env, 4);
+  mdb_env_set_mapsize(c->env, c->cfg.map_bytes);
+  unsigned flags = MDB_NOTLS | MDB_NOSYNC | (c->cfg.rdonly ? MDB_RDONLY : 0);
+  rc = mdb_err(mdb_env_open(c->env, path, flags, 0644));
+  if (!rc) {
+    int stale;
+    mdb_reader_check(c->env, &stale); /* readers left by killed processes */
+  }
+  return rc;
+}
+
+static int config_check(const kvt_cold_config *cfg) {
+  if (!cfg->dir) return KVT_ENULL;
+  if (cfg->segment_bytes < (1u << 20) || cfg->segment_bytes % KVT_IO_ALIGN) return KVT_EOPTION;
+  if (cfg->bytes_limit < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION;
+  if (cfg->map_bytes < (1u << 20)) return KVT_EOPTION;
+  if (cfg->zstd_level < -5 || cfg->zstd_level > 19) return KVT_EOPTION;
+  if (strlen(cfg->dir) >= 4000) return -ENAMETOOLONG;
+  return 0;
+}
+
+int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
+  *out = NULL;
+  int rc = config_check(cfg);
+  if (rc) return rc;
+  kvt_cold *c = kvt_mem_calloc(m, KVT_MEM_OTHER, sizeof *c);
+  if (!c) return -ENOMEM;
+  c->mem = m;
+  c->cfg = *cfg;
+  snprintf(c->dir, sizeof c->dir, "%s", cfg->dir);
+  c->cfg.dir = c->dir;
+  c->active = -1;
+  c->max_segs = MAX_SEGS;
+  pthread_mutex_init(&c->rd_lock, NULL);
+  pthread_mutex_init(&c->st_lock, NULL);
+  c->segs = kvt_mem_calloc(m, KVT_MEM_OTHER, c->max_segs * sizeof *c->segs);
+  if (!c->segs) rc = -ENOMEM;
+  for (uint32_t i = 0; !rc && i < c->max_segs; i++) c->segs[i].fd = -1;
+  if (!rc) rc = kvt_io_create(&cfg->io, &c->rio);
+  if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->wio);
+  if (!rc && !cfg->rdonly && !(c->cctx = ZSTD_createCCtx())) rc = -ENOMEM;
+  if (!rc) rc = kvt_io_create(&cfg->io, &c->aio);
+  if (!rc) rc = open_env(c);
+  if (!rc) rc = open_dbs(c);
+  if (!rc) rc = reader_start(c);
+  if (rc) {
+    kvt_cold_close(c);
+    return rc;
+  }
+  snprintf(c->st.backend, sizeof c->st.backend, "%s", kvt_io_backend_name(c->rio));
+  snprintf(c->st.why, sizeof c->st.why, "%s", kvt_io_why(c->rio));
+  *out = c;
+  return 0;
+}
+
+void kvt_cold_close(kvt_cold *c) {
+  if (!c) return;
+  reader_stop(c);
+  for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
+    if (c->segs[i].fd >= 0) kvt_io_close(c->wio ? c->wio : c->rio, c->segs[i].fd);
+  if (c->env) {
+    if (!c->cfg.rdonly) mdb_env_sync(c->env, 1);
+    mdb_env_close(c->env);
+  }
+  kvt_io_destroy(c->wio);
+  kvt_io_destroy(c->rio);
+  kvt_io_destroy(c->aio);
+  ZSTD_freeCCtx(c->cctx);
+  kvt_io_buf_free(c->stage);
+  kvt_io_buf_free(c->plane);
+  kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)(c->stage_cap + c->plane_cap));
+  if (c->segs) kvt_mem_free(c->mem, KVT_MEM_OTHER, c->segs, c->max_segs * sizeof *c->segs);
+  pthread_mutex_destroy(&c->rd_lock);
+  pthread_mutex_destroy(&c->st_lock);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, c, sizeof *c);
+}
+
+/* ---------- namespaces ---------- */
+
+int kvt_cold_ns_put(kvt_cold *c, const kvt_key *seed, const uint8_t *enc, size_t len) {
+  if (c->cfg.rdonly) return KVT_ERDONLY;
+  MDB_txn *t;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  if (rc) return rc;
+  MDB_val k = {16, (void *)seed->b}, v = {len, (void *)enc};
+  rc = mdb_err(mdb_put(t, c->db_ns, &k, &v, 0));
+  if (rc) {
+    mdb_txn_abort(t);
+    return rc;
+  }
+  rc = mdb_err(mdb_txn_commit(t));
+  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+}
+
+int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *, const kvt_key *, const uint8_t *, size_t),
+                     void *arg) {
+  MDB_txn *t;
+  MDB_cursor *cur = NULL;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = mdb_err(mdb_cursor_open(t, c->db_ns, &cur));
+  MDB_val k, v;
+  for (int op = MDB_FIRST; !rc && !(rc = mdb_cursor_get(cur, &k, &v, op)); op = MDB_NEXT) {
+    if (k.mv_size != 16) {
+      rc = KVT_ECORRUPT;
+      break;
+    }
+    kvt_key seed;
+    memcpy(seed.b, k.mv_data, 16);
+    rc = fn(arg, &seed, v.mv_data, v.mv_size);
+  }
+  if (rc == MDB_NOTFOUND) rc = 0;
+  else if (rc > 0) rc = mdb_err(rc);
+  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
+  mdb_txn_abort(t);
+  return rc;
+}
+
+/* ---------- records ---------- */
+
+static uint32_t header_len(uint32_t n_layers) {
+  return (uint32_t)align4k(REC_FIXED + (uint64_t)SLICE_ENTRY * n_layers + 8);
+}
+
+static uint32_t planes_overhead(uint32_t esize) { return 8 + 8 * esize; }
+
+uint64_t kvt_cold_record_max(uint32_t n_layers, uint32_t bytes_each) {
+  uint64_t slice = align4k(2 * (uint64_t)bytes_each + planes_overhead(4));
+  return header_len(n_layers) + (uint64_t)n_layers * slice;
+}
+
+/* Grow a writer buffer; its bytes are counted like every other. */
+static int ensure(kvt_cold *c, uint8_t **buf, size_t *cap, size_t need) {
+  if (*cap >= need) return 0;
+  size_t n = align4k(need + need / 2);
+  void *p = kvt_io_buf_alloc(n);
+  if (!p) return -ENOMEM;
+  kvt_io_buf_free(*buf);
+  kvt_mem_note(c->mem, KVT_MEM_OTHER, (int64_t)n - (int64_t)*cap);
+  *buf = p;
+  *cap = n;
+  return 0;
+}
+
+/* Payload of one layer slice: raw K||V, or byte planes each zstd-compressed
+ * when that saves at least 1/16 (a plane is tried on its first 4 KiB first,
+ * so incompressible low-order bytes cost almost nothing). Returns the
+ * payload length written at dst; *codec says which. */
+static size_t build_payload(kvt_cold *c, const uint8_t *raw, size_t raw_len, uint32_t esize,
+                            uint8_t *dst, uint8_t *codec) {
+  if (!c->cfg.compress || esize < 2) {
+    memcpy(dst, raw, raw_len);
+    *codec = KVT_COLD_CODEC_RAW;
+    return raw_len;
+  }
+  size_t n = raw_len / esize, off = planes_overhead(esize), saved = 0;
+  put32(dst, esize);
+  put32(dst + 4, (uint32_t)n);
+  for (uint32_t p = 0; p < esize; p++) {
+    uint8_t *pl = c->plane;
+    for (size_t i = 0; i < n; i++) pl[i] = raw[i * esize + p];
+    size_t probe = n < 4096 ? n : 4096, z = 0;
+    size_t zt = ZSTD_compressCCtx(c->cctx, pl + n, ZSTD_compressBound(4096), pl, probe,
+                                  c->cfg.zstd_level);
+    if (!ZSTD_isError(zt) && zt < probe - probe / 16) {
+      z = ZSTD_compressCCtx(c->cctx, dst + off, n - n / 16, pl, n, c->cfg.zstd_level);
+      if (ZSTD_isError(z)) z = 0; /* did not fit in n - n/16: not worth it */
+    }
+    uint8_t *ph = dst + 8 + 8 * p;
+    if (z) {
+      put32(ph, (uint32_t)z);
+      ph[4] = 1;
+      saved += n - z;
+    } else {
+      memcpy(dst + off, pl, n);
+      z = n;
+      put32(ph, (uint32_t)n);
+      ph[4] = 0;
+    }
+    ph[5] = ph[6] = ph[7] = 0;
+    off += z;
+  }
+  if (saved < raw_len / 16) { /* not worth a decode step */
+    memcpy(dst, raw, raw_len);
+    *codec = KVT_COLD_CODEC_RAW;
+    return raw_len;
+  }
+  *codec = KVT_COLD_CODEC_PLANES;
+  return off;
+}
+
+/* A slice's checksum is seeded with what the index says it is (key, layer,
+ * segment generation): a slice of another block, another layer or an older
+ * life of the segment fails the check, though it carries no header. */
+static uint64_t slice_seed(const kvt_key *key, uint32_t layer, uint64_t gen) {
+  uint8_t b[28];
+  memcpy(b, key->b, 16);
+  put32(b + 16, layer);
+  put64(b + 20, gen);
+  return XXH3_64bits(b, sizeof b);
+}
+
+/* One piece of a record as written: the header from the staging buffer,
+ * a slice straight from the block's payload, or one built in staging. */
+typedef struct part {
+  const uint8_t *buf;
+  uint32_t len;               /* multiple of 4096 */
+} part;
+
+/* Build one record: its header, and each slice either in place (exact
+ * bytes already 4 KiB-aligned and a multiple of 4 KiB: written straight
+ * from the caller's buffer) or in the staging buffer dst. Fills e, sl
+ * (n_layers slices) and parts (n_layers + 1); returns the record length
+ * (a multiple of 4096) and in *staged the staging bytes used. */
+static uint32_t build_record(kvt_cold *c, const kvt_cold_rec *r, uint64_t gen, uint8_t *dst,
+                             kvt_cold_entry *e, kvt_cold_slice *sl, part *parts, size_t *staged) {
+  uint32_t hl = header_len(r->n_layers), off = hl, raw = 2 * r->bytes_each;
+  uint32_t esize = (uint32_t)kvt_dtype_size(r->dtype);
+  size_t st = hl;
+  parts[0] = (part){dst, hl};
+  for (uint32_t l = 0; l < r->n_layers; l++) {
+    const uint8_t *src = r->layers[l];
+    uint8_t codec = KVT_COLD_CODEC_RAW;
+    size_t stored = raw;
+    if (!c->cfg.compress && (uintptr_t)src % KVT_IO_ALIGN == 0 && raw % KVT_IO_ALIGN == 0) {
+      parts[l + 1] = (part){src, raw};
+    } else {
+      uint8_t *h = dst + st;
+      stored = build_payload(c, src, raw, esize, h, &codec);
+      memset(h + stored, 0, align4k(stored) - stored);
+      parts[l + 1] = (part){h, (uint32_t)align4k(stored)};
+      st += align4k(stored);
+    }
+    sl[l] = (kvt_cold_slice){.rel_off = off, .stored_len = (uint32_t)stored, .raw_len = raw,
+                             .codec = codec,
+                             .checksum = XXH3_64bits_withSeed(parts[l + 1].buf, stored,
+                                                              slice_seed(&r->key, l, gen))};
+    off += (uint32_t)align4k(stored);
+  }
+  *e = (kvt_cold_entry){.seg_gen = gen, .rec_len = off, .n_layers = r->n_layers,
+                        .dtype = r->dtype, .bytes_each = r->bytes_each, .pos = r->pos,
+                        .key = r->key, .parent = r->parent, .ns_seed = r->ns_seed};
+  memset(dst, 0, hl);
+  memcpy(dst, REC_MAGIC, 8);
+  put32(dst + 8, hl);
+  put32(dst + 12, off);
+  put64(dst + 16, gen);
+  memcpy(dst + 24, r->key.b, 16);
+  memcpy(dst + 40, r->parent.b, 16);
+  memcpy(dst + 56, r->ns_seed.b, 16);
+  put32(dst + 72, r->pos);
+  put32(dst + 76, r->n_layers);
+  put32(dst + 80, r->dtype);
+  put32(dst + 84, r->bytes_each);
+  for (uint32_t l = 0; l < r->n_layers; l++) put_slice(dst + REC_FIXED + SLICE_ENTRY * l, &sl[l]);
+  size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * r->n_layers;
+  put64(dst + tab, XXH3_64bits(dst, tab));
+  *staged = st;
+  return off;
+}
+
+/* ---------- writing ---------- */
+
+static int key_indexed(kvt_cold *c, MDB_txn *t, const kvt_key *k) {
+  MDB_val key = {16, (void *)k->b}, v;
+  return mdb_get(t, c->db_blocks, &key, &v) == 0;
+}
+
+/* A segment with room for len more bytes: the active one, else a free one
+ * (its generation bumped: entries into its old life can no longer match),
+ * else a new file while the limit allows. -1 when the tier is full. */
+static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n_sealed) {
+  if (c->active >= 0 && c->segs[c->active].used + len <= c->cfg.segment_bytes) return c->active;
+  if (c->active >= 0) {
+    c->segs[c->active].state = SEG_FULL;
+    sealed[(*n_sealed)++] = (uint32_t)c->active;
+    c->active = -1;
+  }
+  for (uint32_t id = 0; id < c->n_segs; id++) {
+    seg *s = &c->segs[id];
+    if (s->state != SEG_FREE || s->fd < 0) continue;
+    s->gen++;
+    s->used = 0;
+    s->live = 0;
+    s->state = SEG_OPEN;
+    return c->active = (int)id;
+  }
+  if ((uint64_t)(c->n_segs + 1) * c->cfg.segment_bytes > c->cfg.bytes_limit || c->n_segs >= c->max_segs)
+    return -1;
+  uint32_t id = c->n_segs;
+  if (seg_open_file(c, id, 1)) return -1;
+  c->n_segs++;
+  c->segs[id] = (seg){.fd = c->segs[id].fd, .gen = 1, .state = SEG_OPEN};
+  return c->active = (int)id;
+}
+
+static int seg_for(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n_sealed) {
+  pthread_mutex_lock(&c->st_lock); /* readers look up descriptors */
+  int id = seg_for_locked(c, len, sealed, n_sealed);
+  pthread_mutex_unlock(&c->st_lock);
+  return id;
+}
+
+typedef struct placed {
+  uint32_t seg;
+  uint64_t off;               /* in the segment */
+  part *parts;                /* n_layers + 1 pieces, in disk order */
+  kvt_cold_entry e;
+} placed;
+
+/* Index the placed records and the touched segments in one transaction,
+ * then sync the environment once. */
+static int commit_group(kvt_cold *c, const placed *pl, size_t n, kvt_cold_slice *const *sl,
+                        const uint32_t *touched, size_t n_touched) {
+  MDB_txn *t;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  if (rc) return rc;
+  uint8_t *val = NULL;
+  for (size_t i = 0; i < n && !rc; i++) {
+    size_t vl = entry_len(pl[i].e.n_layers);
+    uint8_t *nv = realloc(val, vl);
+    if (!nv) {
+      rc = -ENOMEM;
+      break;
+    }
+    val = nv;
+    put_entry(val, &pl[i].e);
+    for (uint32_t l = 0; l < pl[i].e.n_layers; l++)
+      put_slice(val + ENTRY_FIXED + SLICE_ENTRY * l, &sl[i][l]);
+    MDB_val k = {16, (void *)pl[i].e.key.b}, v = {vl, val};
+    rc = mdb_err(mdb_put(t, c->db_blocks, &k, &v, 0));
+  }
+  free(val);
+  for (size_t i = 0; i < n_touched && !rc; i++) rc = seg_save(c, t, touched[i]);
+  if (rc) {
+    mdb_txn_abort(t);
+    return rc;
+  }
+  rc = mdb_err(mdb_txn_commit(t));
+  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+}
+
+static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
+  for (size_t i = 0; i < *n; i++)
+    if (touched[i] == id) return;
+  touched[(*n)++] = id;
+}
+
+static void add_live(kvt_cold *c, const placed *pl, size_t np, int sign) {
+  pthread_mutex_lock(&c->st_lock);
+  for (size_t i = 0; i < np; i++) c->segs[pl[i].seg].live += (uint64_t)(int64_t)sign * pl[i].e.rec_len;
+  pthread_mutex_unlock(&c->st_lock);
+}
+
+static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
+  if (written) *written = 0;
+  if (n == 0) return 0;
+  size_t stage_need = 0, plane_need = 0;
+  for (size_t i = 0; i < n; i++) {
+    stage_need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
+    size_t pn = 2 * (size_t)recs[i].bytes_each + ZSTD_compressBound(4096);
+    if (pn > plane_need) plane_need = pn;
+  }
+  placed *pl = calloc(n, sizeof *pl);
+  kvt_cold_slice **sl = calloc(n, sizeof *sl);
+  uint32_t *touched = calloc(2 * n + 2, sizeof *touched), *sealed = calloc(n + 1, sizeof *sealed);
+  int rc = (!pl || !sl || !touched || !sealed) ? -ENOMEM : 0;
+  if (!rc) rc = ensure(c, &c->stage, &c->stage_cap, stage_need);
+  if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
+  MDB_txn *rt = NULL;
+  if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
+  size_t np = 0, n_touched = 0, n_sealed = 0, stage_off = 0, n_parts = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (key_indexed(c, rt, &recs[i].key)) continue;
+    uint64_t max = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
+    if (max > c->cfg.segment_bytes) {
+      rc = KVT_EOPTION; /* a record must fit a segment */
+      break;
+    }
+    int id = seg_for(c, max, sealed, &n_sealed);
+    if (id < 0) {
+      pthread_mutex_lock(&c->st_lock);
+      c->st.full_refusals += n - i;
+      pthread_mutex_unlock(&c->st_lock);
+      if (np == 0) rc = KVT_EFULL;
+      break;
+    }
+    placed *p = &pl[np];
+    sl[np] = malloc(recs[i].n_layers * sizeof **sl);
+    p->parts = malloc((recs[i].n_layers + 1) * sizeof *p->parts);
+    if (!sl[np] || !p->parts) {
+      free(sl[np]);
+      free(p->parts);
+      rc = -ENOMEM;
+      break;
+    }
+    seg *s = &c->segs[id];
+    p->seg = (uint32_t)id;
+    p->off = s->used;
+    size_t staged;
+    uint32_t len = build_record(c, &recs[i], s->gen, c->stage + stage_off, &p->e, sl[np], p->parts,
+                                &staged);
+    p->e.seg = (uint32_t)id;
+    p->e.offset = p->off;
+    s->used += len;
+    stage_off += staged;
+    n_parts += recs[i].n_layers + 1;
+    add_touched(touched, &n_touched, (uint32_t)id);
+    np++;
+  }
+  if (rt) mdb_txn_abort(rt);
+  for (size_t i = 0; i < n_sealed; i++) add_touched(touched, &n_touched, sealed[i]);
+  if (!rc || (rc == KVT_EFULL && np)) rc = 0;
+  /* One write per piece; pieces adjacent both in memory and on disk merge. */
+  kvt_io_req *w = rc ? NULL : calloc(n_parts + 1, sizeof *w);
+  size_t nw = 0;
+  if (!rc && !w) rc = -ENOMEM;
+  for (size_t i = 0; !rc && i < np; i++) {
+    uint64_t off = pl[i].off;
+    int fd = c->segs[pl[i].seg].fd;
+    for (uint32_t k = 0; k <= pl[i].e.n_layers; k++) {
+      const part *pt = &pl[i].parts[k];
+      kvt_io_req *last = nw ? &w[nw - 1] : NULL;
+      if (last && last->fd == fd && last->off + last->len == off &&
+          (const uint8_t *)last->buf + last->len == pt->buf && (uint64_t)last->len + pt->len < (1u << 30)) {
+        last->len += pt->len;
+      } else {
+        w[nw++] = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_WRITE, .buf = (void *)pt->buf,
+                               .len = pt->len, .off = off};
+      }
+      off += pt->len;
+    }
+  }
+  if (!rc) rc = kvt_io_run(c->wio, w, nw);
+  for (size_t i = 0; !rc && i < n_touched; i++)
+    if (c->segs[touched[i]].state != SEG_FREE) rc = kvt_io_sync(c->wio, c->segs[touched[i]].fd);
+  if (!rc) {
+    add_live(c, pl, np, 1);
+    rc = commit_group(c, pl, np, sl, touched, n_touched);
+    if (rc) add_live(c, pl, np, -1); /* not indexed: not live; its pages are never rewritten */
+  }
+  pthread_mutex_lock(&c->st_lock);
+  if (rc) {
+    c->st.write_failures++;
+  } else {
+    c->st.groups_written++;
+    c->st.records_written += np;
+    for (size_t i = 0; i < np; i++) {
+      c->st.bytes_written += pl[i].e.rec_len;
+      c->st.live_bytes += pl[i].e.rec_len;
+    }
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  if (!rc && written) *written = np;
+  for (size_t i = 0; sl && i < np; i++) {
+    free(sl[i]);
+    free(pl[i].parts);
+  }
+  free(w);
+  free(pl);
+  free(sl);
+  free(touched);
+  free(sealed);
+  return rc;
+}
+
+/* ---------- reading ---------- */
+
+static int find_locked(kvt_cold *c, MDB_txn *t, const kvt_key *key, kvt_cold_entry *e,
+                       kvt_cold_slice *one, uint32_t layer) {
+  MDB_val k = {16, (void *)key->b}, v;
+  int rc = mdb_get(t, c->db_blocks, &k, &v);
+  if (rc) return mdb_err(rc);
+  kvt_cold_entry tmp;
+  if (!e) e = &tmp;
+  rc = get_entry(key, &v, e);
+  if (rc || !one) return rc;
+  if (layer >= e->n_layers) return KVT_ENOTFOUND;
+  get_slice(entry_slice(&v, layer), one);
+  return 0;
+}
+
+int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e) {
+  MDB_txn *t;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = find_locked(c, t, key, e, NULL, 0);
+  mdb_txn_abort(t);
+  return rc;
+}
+
+size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
+  MDB_txn *t;
+  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return 0;
+  size_t i = 0;
+  while (i < n && key_indexed(c, t, &keys[i])) i++;
+  mdb_txn_abort(t);
+  return i;
+}
+
+/* The descriptor of segment id. A reader beside a live writer opens the
+ * segments the writer created after the reader's open when it first needs
+ * them. -1 when there is no such file. */
+static int seg_fd(kvt_cold *c, uint32_t id) {
+  pthread_mutex_lock(&c->st_lock);
+  int fd = id < c->n_segs ? c->segs[id].fd : -1;
+  if (fd < 0 && c->cfg.rdonly && id < c->max_segs && seg_open_file(c, id, 0) == 0) {
+    fd = c->segs[id].fd;
+    if (id >= c->n_segs) c->n_segs = id + 1;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  return fd;
+}
+
+/* Read len bytes at off of segment id into a new aligned buffer. */
+static int read_range(kvt_cold *c, uint32_t id, uint64_t off, uint32_t len, uint8_t **out) {
+  int fd = seg_fd(c, id);
+  if (fd < 0) return KVT_ECORRUPT;
+  uint8_t *buf = kvt_io_buf_alloc(len);
+  if (!buf) return -ENOMEM;
+  kvt_io_req r = {.fd = fd, .op = KVT_IO_OP_READ, .buf = buf, .len = len, .off = off};
+  pthread_mutex_lock(&c->rd_lock);
+  int rc = kvt_io_run(c->rio, &r, 1);
+  pthread_mutex_unlock(&c->rd_lock);
+  if (rc) {
+    kvt_io_buf_free(buf);
+    return rc == -EIO && r.res >= 0 ? KVT_ECORRUPT : rc; /* short: past the end */
+  }
+  *out = buf;
+  return 0;
+}
+
+/* Is the slice at p what the index says of (key, layer) in this
+ * generation? The checksum is seeded with exactly those. */
+static int slice_ok(const uint8_t *p, const kvt_cold_entry *e, uint32_t layer, const kvt_cold_slice *s) {
+  return XXH3_64bits_withSeed(p, s->stored_len, slice_seed(&e->key, layer, e->seg_gen)) == s->checksum;
+}
+
+/* Decode a checked payload into K||V split across k_out and v_out. */
+static int decode_payload(const uint8_t *p, const kvt_cold_slice *s, uint32_t esize, void *k_out,
+                          void *v_out, size_t each) {
+  if (s->raw_len != 2 * each) return KVT_ECORRUPT;
+  if (s->codec == KVT_COLD_CODEC_RAW) {
+    if (s->stored_len != s->raw_len) return KVT_ECORRUPT;
+    memcpy(k_out, p, each);
+    memcpy(v_out, p + each, each);
+    return 0;
+  }
+  if (s->codec != KVT_COLD_CODEC_PLANES || s->stored_len < planes_overhead(esize) ||
+      get32(p) != esize || (uint64_t)get32(p + 4) * esize != s->raw_len)
+    return KVT_ECORRUPT;
+  size_t n = get32(p + 4), off = planes_overhead(esize);
+  uint8_t *plane = malloc(n), *raw = malloc(2 * each);
+  int rc = (!plane || !raw) ? -ENOMEM : 0;
+  for (uint32_t pi = 0; !rc && pi < esize; pi++) {
+    const uint8_t *ph = p + 8 + 8 * pi;
+    size_t len = get32(ph);
+    if (off + len > s->stored_len || ph[4] > 1) {
+      rc = KVT_ECORRUPT;
+      break;
+    }
+    if (ph[4] == 0 && len == n) memcpy(plane, p + off, n);
+    else if (ph[4] != 1 || ZSTD_decompress(plane, n, p + off, len) != n) rc = KVT_ECORRUPT;
+    for (size_t i = 0; !rc && i < n; i++) raw[i * esize + pi] = plane[i];
+    off += len;
+  }
+  if (!rc && off != s->stored_len) rc = KVT_ECORRUPT;
+  if (!rc) {
+    memcpy(k_out, raw, each);
+    memcpy(v_out, raw + each, each);
+  }
+  free(plane);
+  free(raw);
+  return rc;
+}
+
+int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out, void *v_out,
+                        size_t bytes_each) {
+  MDB_txn *t;
+  kvt_cold_entry e;
+  kvt_cold_slice s;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = find_locked(c, t, key, &e, &s, layer);
+  mdb_txn_abort(t);
+  if (rc) return rc;
+  if (bytes_each != e.bytes_each) return KVT_EBUFSIZE;
+  uint32_t len = (uint32_t)align4k(s.stored_len);
+  uint8_t *buf = NULL;
+  if (s.rel_off + (uint64_t)len > e.rec_len) rc = KVT_ECORRUPT;
+  else rc = read_range(c, e.seg, e.offset + s.rel_off, len, &buf);
+  if (!rc && !slice_ok(buf, &e, layer, &s)) rc = KVT_ECORRUPT;
+  if (!rc) rc = decode_payload(buf, &s, (uint32_t)kvt_dtype_size(e.dtype), k_out, v_out,
+                               bytes_each);
+  kvt_io_buf_free(buf);
+  pthread_mutex_lock(&c->st_lock);
+  if (rc == KVT_ECORRUPT) c->st.checksum_failures++;
+  if (!rc) {
+    c->st.reads++;
+    c->st.read_bytes += len;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+/* ---------- removal, stats, verification ---------- */
+
+static int remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key) {
+  kvt_cold_entry e;
+  int rc = find_locked(c, t, key, &e, NULL, 0);
+  MDB_val k = {16, (void *)key->b};
+  if (rc == KVT_ECORRUPT) return mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
+  if (rc) return rc;
+  rc = mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
+  if (rc) return rc;
+  pthread_mutex_lock(&c->st_lock);
+  if (e.seg < c->n_segs && c->segs[e.seg].gen == e.seg_gen && c->segs[e.seg].live >= e.rec_len)
+    c->segs[e.seg].live -= e.rec_len;
+  if (c->st.live_bytes >= e.rec_len) c->st.live_bytes -= e.rec_len;
+  pthread_mutex_unlock(&c->st_lock);
+  return e.seg < c->n_segs ? seg_save(c, t, e.seg) : 0;
+}
+
+int kvt_cold_remove(kvt_cold *c, const kvt_key *key) {
+  if (c->cfg.rdonly) return KVT_ERDONLY;
+  MDB_txn *t;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  if (rc) return rc;
+  rc = remove_in(c, t, key);
+  if (rc) {
+    mdb_txn_abort(t);
+    return rc;
+  }
+  return mdb_err(mdb_txn_commit(t)); /* not synced: a removal that is lost
+                                        is found again by the next failed check */
+}
+
+void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
+  MDB_txn *t;
+  MDB_stat ms = {0};
+  if (!mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) {
+    mdb_stat(t, c->db_blocks, &ms);
+    mdb_txn_abort(t);
+  }
+  pthread_mutex_lock(&c->st_lock);
+  *st = c->st;
+  st->evictions = c->evictions;
+  st->reclaims = c->reclaims;
+  st->records = ms.ms_entries;
+  st->segments = c->n_segs;
+  st->segment_bytes = c->cfg.segment_bytes;
+  st->bytes_limit = c->cfg.bytes_limit;
+  pthread_mutex_unlock(&c->st_lock);
+}
+
+/* Check one index entry against its record on disk. */
+static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v, const char **what) {
+  uint32_t hl = header_len(e->n_layers);
+  uint8_t *h = NULL;
+  *what = "record header unreadable";
+  if (e->rec_len < hl || e->offset % KVT_IO_ALIGN) return KVT_ECORRUPT;
+  int rc = read_range(c, e->seg, e->offset, hl, &h);
+  if (rc) return rc;
+  size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * e->n_layers;
+  *what = "record header does not match the index";
+  if (memcmp(h, REC_MAGIC, 8) || get32(h + 8) != hl || get32(h + 12) != e->rec_len ||
+      get64(h + 16) != e->seg_gen || memcmp(h + 24, e->key.b, 16) || get32(h + 76) != e->n_layers ||
+      get64(h + tab) != XXH3_64bits(h, tab) ||
+      memcmp(h + REC_FIXED, (const uint8_t *)v->mv_data + ENTRY_FIXED, tab - REC_FIXED))
+    rc = KVT_ECORRUPT;
+  kvt_io_buf_free(h);
+  for (uint32_t l = 0; !rc && l < e->n_layers; l++) {
+    kvt_cold_slice s;
+    get_slice(entry_slice(v, l), &s);
+    uint32_t len = (uint32_t)align4k(s.stored_len);
+    *what = "slice unreadable";
+    if (s.rel_off + (uint64_t)len > e->rec_len) return KVT_ECORRUPT;
+    rc = read_range(c, e->seg, e->offset + s.rel_off, len, &h);
+    if (rc) return rc;
+    *what = "slice checksum or header mismatch";
+    if (!slice_ok(h, e, l, &s)) rc = KVT_ECORRUPT;
+    kvt_io_buf_free(h);
+  }
+  return rc;
+}
+
+int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
+                    void (*report)(void *, const kvt_key *, const char *), void *arg) {
+  *checked = *bad = 0;
+  if (repair && c->cfg.rdonly) return KVT_ERDONLY;
+  MDB_txn *t;
+  MDB_cursor *cur = NULL;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
+  kvt_key *broken = NULL;
+  size_t n_broken = 0, cap = 0;
+  MDB_val k, v;
+  int g;
+  for (int op = MDB_FIRST; !rc && !(g = mdb_cursor_get(cur, &k, &v, op)); op = MDB_NEXT) {
+    kvt_key key;
+    kvt_cold_entry e;
+    const char *what = "index entry malformed";
+    (*checked)++;
+    if (k.mv_size != 16) {
+      memset(key.b, 0, 16);
+    } else {
+      memcpy(key.b, k.mv_data, 16);
+    }
+    int r = k.mv_size != 16 ? KVT_ECORRUPT : get_entry(&key, &v, &e);
+    if (!r) r = verify_entry(c, &e, &v, &what);
+    if (r == -ENOMEM) {
+      rc = r;
+      break;
+    }
+    if (!r) continue;
+    (*bad)++;
+    if (report) report(arg, &key, what);
+    if (n_broken == cap) {
+      kvt_key *nb = realloc(broken, (cap = cap ? 2 * cap : 64) * sizeof *nb);
+      if (!nb) {
+        rc = -ENOMEM;
+        break;
+      }
+      broken = nb;
+    }
+    broken[n_broken++] = key;
+  }
+  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
+  mdb_txn_abort(t);
+  if (!rc && repair && n_broken) {
+    rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+    for (size_t i = 0; !rc && i < n_broken; i++) {
+      int r = remove_in(c, t, &broken[i]);
+      if (r && r != KVT_ENOTFOUND) rc = r;
+    }
+    if (!rc) rc = mdb_err(mdb_txn_commit(t));
+    else mdb_txn_abort(t);
+    if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1));
+  }
+  free(broken);
+  return rc;
+}
+
+/* ---------- drops ---------- */
+
+typedef struct drop_ent {
+  kvt_key key, parent;
+  uint32_t pos;
+} drop_ent;
+
+static int cmp_key(const void *a, const void *b) { return memcmp(a, b, 16); }
+static int cmp_drop_pos(const void *a, const void *b) {
+  uint32_t x = ((const drop_ent *)a)->pos, y = ((const drop_ent *)b)->pos;
+  return (x > y) - (x < y);
+}
+
+/* Entries of namespace seed (all, or those whose chain passes through
+ * root), as keys sorted for bsearch. */
+static int drop_collect(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                        kvt_key **out, size_t *n_out) {
+  MDB_txn *t;
+  MDB_cursor *cur = NULL;
+  *out = NULL;
+  *n_out = 0;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
+  drop_ent *ents = NULL;
+  size_t n = 0, cap = 0;
+  MDB_val k, v;
+  int g;
+  for (int op = MDB_FIRST; !rc && !(g = mdb_cursor_get(cur, &k, &v, op)); op = MDB_NEXT) {
+    kvt_cold_entry e;
+    kvt_key key;
+    if (k.mv_size != 16) continue;
+    memcpy(key.b, k.mv_data, 16);
+    if (get_entry(&key, &v, &e) || memcmp(e.ns_seed.b, seed->b, 16)) continue;
+    if (root && e.pos <= root_pos) continue;
+    if (n == cap) {
+      drop_ent *ne = realloc(ents, (cap = cap ? 2 * cap : 256) * sizeof *ne);
+      if (!ne) {
+        rc = -ENOMEM;
+        break;
+      }
+      ents = ne;
+    }
+    ents[n++] = (drop_ent){.key = key, .parent = e.parent, .pos = e.pos};
+  }
+  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
+  mdb_txn_abort(t);
+  kvt_key *keys = rc ? NULL : malloc((n + 1) * sizeof *keys);
+  if (!rc && !keys) rc = -ENOMEM;
+  size_t m = 0;
+  if (!rc && !root) {
+    for (size_t i = 0; i < n; i++) keys[m++] = ents[i].key;
+  } else if (!rc) {
+    /* In chain order a block descends from root iff its parent does. */
+    qsort(ents, n, sizeof *ents, cmp_drop_pos);
+    keys[m++] = *root;
+    for (size_t i = 0; i < n; i++) { /* keys[] stays sorted: insert in place */
+      if (!bsearch(&ents[i].parent, keys, m, sizeof *keys, cmp_key)) continue;
+      size_t at = 0;
+      while (at < m && memcmp(keys[at].b, ents[i].key.b, 16) < 0) at++;
+      memmove(keys + at + 1, keys + at, (m - at) * sizeof *keys);
+      keys[at] = ents[i].key;
+      m++;
+    }
+  }
+  free(ents);
+  if (rc) return rc;
+  *out = keys;
+  *n_out = m;
+  return 0;
+}
+
+int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                  uint64_t *dropped) {
+  if (dropped) *dropped = 0;
+  if (c->cfg.rdonly) return KVT_ERDONLY;
+  kvt_key *keys;
+  size_t n;
+  int rc = drop_collect(c, seed, root, root_pos, &keys, &n);
+  if (rc) return rc;
+  MDB_txn *t;
+  uint64_t count = 0;
+  rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  for (size_t i = 0; !rc && i < n; i++) {
+    int r = remove_in(c, t, &keys[i]);
+    if (!r) count++;
+    else if (r != KVT_ENOTFOUND) rc = r;
+  }
+  if (!rc && !root) { /* the namespace itself */
+    MDB_val k = {16, (void *)seed->b};
+    int r = mdb_del(t, c->db_ns, &k, NULL);
+    if (r && r != MDB_NOTFOUND) rc = mdb_err(r);
+  }
+  if (!rc) rc = mdb_err(mdb_txn_commit(t));
+  else mdb_txn_abort(t);
+  if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1)); /* a drop must not come back */
+  free(keys);
+  if (!rc && dropped) *dropped = count;
+  return rc;
+}
+
+/* ---------- capacity: reclaiming segments ---------- */
+
+void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *, const kvt_key *), void *arg) {
+  c->keep = keep;
+  c->keep_arg = arg;
+}
+
+/* Would records of these sizes fit, placed in order, without reclaiming? */
+static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n) {
+  uint64_t segb = c->cfg.segment_bytes, room = c->active >= 0 ? segb - c->segs[c->active].used : 0;
+  uint64_t spare = 0; /* whole segments still to be had: free ones and new files */
+  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
+  spare += c->cfg.bytes_limit / segb > c->n_segs ? c->cfg.bytes_limit / segb - c->n_segs : 0;
+  for (size_t i = 0; i < n; i++) {
+    if (sizes[i] > room) {
+      if (!spare--) return 0;
+      room = segb;
+    }
+    room -= sizes[i];
+  }
+  return 1;
+}
+
+static int victim_seg(const kvt_cold *c) {
+  int best = -1;
+  for (uint32_t id = 0; id < c->n_segs; id++) {
+    const seg *s = &c->segs[id];
+    if (s->state != SEG_FULL || s->fd < 0 || (int)id == c->active) continue;
+    if (best < 0 || s->live < c->segs[best].live) best = (int)id;
+  }
+  return best;
+}
+
+static void carry_free(carry *cy, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    free(cy[i].raw);
+    free(cy[i].layers);
+  }
+}
+
+/* Read every layer of entry e back into a carry record. */
+static int carry_load(kvt_cold *c, const kvt_cold_entry *e, carry *cy) {
+  size_t each = e->bytes_each, L = e->n_layers;
+  cy->raw = malloc(2 * each * L);
+  cy->layers = malloc(L * sizeof *cy->layers);
+  if (!cy->raw || !cy->layers) return -ENOMEM;
+  for (uint32_t l = 0; l < L; l++) {
+    uint8_t *p = cy->raw + 2 * each * l;
+    int rc = kvt_cold_read_layer(c, &e->key, l, p, p + each, each);
+    if (rc) return rc;
+    cy->layers[l] = p;
+  }
+  cy->rec = (kvt_cold_rec){.key = e->key, .parent = e->parent, .ns_seed = e->ns_seed, .pos = e->pos,
+                           .n_layers = e->n_layers, .dtype = e->dtype, .bytes_each = e->bytes_each,
+                           .layers = cy->layers};
+  return 0;
+}
+
+/* Entries that live in segment id (its current generation). */
+static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n_out) {
+  MDB_txn *t;
+  MDB_cursor *cur = NULL;
+  *out = NULL;
+  *n_out = 0;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
+  kvt_cold_entry *v = NULL;
+  size_t n = 0, cap = 0;
+  MDB_val k, val;
+  for (int op = MDB_FIRST; !rc && !mdb_cursor_get(cur, &k, &val, op); op = MDB_NEXT) {
+    kvt_cold_entry e;
+    kvt_key key;
+    if (k.mv_size != 16) continue;
+    memcpy(key.b, k.mv_data, 16);
+    if (get_entry(&key, &val, &e) || e.seg != id || e.seg_gen != c->segs[id].gen) continue;
+    if (n == cap) {
+      kvt_cold_entry *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof *nv);
+      if (!nv) {
+        rc = -ENOMEM;
+        break;
+      }
+      v = nv;
+    }
+    v[n++] = e;
+  }
+  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
+  mdb_txn_abort(t);
+  if (rc) free(v);
+  else *out = v, *n_out = n;
+  return rc;
+}
+
+/* Reclaim the full segment with the fewest live bytes: the blocks the
+ * engine still references are read back into *carry (to be written again);
+ * every entry of the segment leaves the index, durably, before the segment
+ * is marked free for reuse. Returns the bytes freed net of what must be
+ * rewritten (0: reclaiming cannot help), or a negative error. */
+static int64_t reclaim_one(kvt_cold *c, carry **cy, size_t *n_cy, size_t *cap_cy) {
+  int id = victim_seg(c);
+  if (id < 0) return 0;
+  kvt_cold_entry *ents;
+  size_t n;
+  int rc = seg_entries(c, (uint32_t)id, &ents, &n);
+  if (rc) return rc;
+  uint64_t kept = 0, n_kept = 0;
+  for (size_t i = 0; i < n && !rc; i++) {
+    if (!c->keep || !c->keep(c->keep_arg, &ents[i].key)) continue;
+    if (*n_cy == *cap_cy) {
+      carry *nc = realloc(*cy, (*cap_cy = *cap_cy ? 2 * *cap_cy : 16) * sizeof *nc);
+      if (!nc) {
+        rc = -ENOMEM;
+        break;
+      }
+      *cy = nc;
+    }
+    carry *x = &(*cy)[(*n_cy)++];
+    *x = (carry){0};
+    int r = carry_load(c, &ents[i], x);
+    if (r == KVT_ECORRUPT || r == KVT_ENOTFOUND) { /* unreadable: it was lost already */
+      carry_free(x, 1);
+      (*n_cy)--;
+    } else if (r) {
+      rc = r;
+    } else {
+      kept += ents[i].rec_len;
+      n_kept++;
+    }
+  }
+  MDB_txn *t = NULL;
+  if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  for (size_t i = 0; !rc && i < n; i++) {
+    int r = remove_in(c, t, &ents[i].key);
+    if (r && r != KVT_ENOTFOUND) rc = r;
+  }
+  uint64_t live = c->segs[id].live;
+  if (!rc) {
+    pthread_mutex_lock(&c->st_lock);
+    c->segs[id].state = SEG_FREE;
+    c->segs[id].live = 0;
+    pthread_mutex_unlock(&c->st_lock);
+    rc = seg_save(c, t, (uint32_t)id);
+  }
+  if (t && !rc) rc = mdb_err(mdb_txn_commit(t));
+  else if (t) mdb_txn_abort(t);
+  if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1)); /* removal durable before reuse */
+  free(ents);
+  if (rc) return rc;
+  pthread_mutex_lock(&c->st_lock);
+  c->reclaims++;
+  c->evictions += n - n_kept; /* the kept ones are written again */
+  pthread_mutex_unlock(&c->st_lock);
+  return live > kept ? (int64_t)(live - kept) : 0;
+}
+
+/* Do the carried and the new records fit, carried ones first? */
+static int group_fits(const kvt_cold *c, const carry *cy, size_t n_cy, const kvt_cold_rec *recs,
+                      size_t n, uint64_t *sizes) {
+  for (size_t i = 0; i < n_cy; i++) sizes[i] = kvt_cold_record_max(cy[i].rec.n_layers, cy[i].rec.bytes_each);
+  for (size_t i = 0; i < n; i++) sizes[n_cy + i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
+  return fits(c, sizes, n_cy + n);
+}
+
+int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
+  if (written) *written = 0;
+  if (c->cfg.rdonly) return KVT_ERDONLY;
+  if (n == 0) return 0;
+  carry *cy = NULL;
+  size_t n_cy = 0, cap_cy = 0;
+  uint64_t *sizes = NULL;
+  int rc = 0;
+  /* Make room one segment at a time; what must stay is carried along. At
+   * most every segment once: a segment full of kept blocks frees nothing. */
+  for (uint32_t round = 0; !rc && round <= c->n_segs; round++) {
+    uint64_t *ns = realloc(sizes, (n_cy + n + 1) * sizeof *ns);
+    if (!ns) {
+      rc = -ENOMEM;
+      break;
+    }
+    sizes = ns;
+    if (group_fits(c, cy, n_cy, recs, n, sizes) || victim_seg(c) < 0) break;
+    int64_t r = reclaim_one(c, &cy, &n_cy, &cap_cy);
+    if (r < 0) rc = (int)r;
+  }
+  free(sizes);
+  size_t w1 = 0, w2 = 0;
+  if (!rc && n_cy) { /* carried blocks first: they were durable already */
+    kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
+    rc = cr ? 0 : -ENOMEM;
+    for (size_t i = 0; !rc && i < n_cy; i++) cr[i] = cy[i].rec;
+    if (!rc) rc = write_group(c, cr, n_cy, &w1);
+    free(cr);
+  }
+  carry_free(cy, n_cy);
+  free(cy);
+  if (!rc) rc = write_group(c, recs, n, &w2);
+  if (written) *written = w2;
+  return rc;
+}
+
+/* ---------- asynchronous reads ---------- */
+
+struct kvt_cold_batch {
+  pthread_mutex_t m;
+  pthread_cond_t cv;
+  size_t pending;
+};
+
+static void read_done(kvt_cold_read *r, int status) {
+  kvt_cold_batch *b = r->batch;
+  r->status = status;
+  pthread_mutex_lock(&b->m);
+  if (--b->pending == 0) pthread_cond_signal(&b->cv);
+  pthread_mutex_unlock(&b->m);
+}
+
+/* One request in flight: where to read, and the bounce buffer. */
+typedef struct inflight {
+  kvt_cold_read *r;
+  kvt_cold_entry e;
+  kvt_cold_slice s;
+  uint8_t *buf;
+  kvt_io_req io;
+} inflight;
+
+/* Look a request up and start its read; completes it at once on a miss. */
+static void read_start(kvt_cold *c, MDB_txn *t, kvt_cold_read *r, inflight *f, size_t *n_started,
+                       kvt_io_req **batch) {
+  int rc = find_locked(c, t, &r->key, &f->e, &f->s, r->layer);
+  uint32_t len = (uint32_t)align4k(f->s.stored_len);
+  int fd = rc ? -1 : seg_fd(c, f->e.seg);
+  if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
+  if (!rc && (fd < 0 || f->s.rel_off + (uint64_t)len > f->e.rec_len)) rc = KVT_ECORRUPT;
+  if (!rc && !(f->buf = kvt_io_buf_alloc(len))) rc = -ENOMEM;
+  if (rc) {
+    if (rc == KVT_ECORRUPT) {
+      pthread_mutex_lock(&c->st_lock);
+      c->st.checksum_failures++;
+      pthread_mutex_unlock(&c->st_lock);
+    }
+    read_done(r, rc);
+    return;
+  }
+  f->r = r;
+  f->io = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_READ, .buf = f->buf, .len = len,
+                       .off = f->e.offset + f->s.rel_off, .user = f};
+  batch[(*n_started)++] = &f->io;
+}
+
+static void read_finish(kvt_cold *c, inflight *f) {
+  kvt_cold_read *r = f->r;
+  int rc = f->io.res < 0 ? f->io.res : (uint32_t)f->io.res < f->io.len ? KVT_ECORRUPT : 0;
+  if (!rc && !slice_ok(f->buf, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
+  if (!rc) rc = decode_payload(f->buf, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
+                               r->k_out, r->v_out, r->bytes_each);
+  pthread_mutex_lock(&c->st_lock);
+  if (rc == KVT_ECORRUPT) c->st.checksum_failures++;
+  if (!rc) {
+    c->st.reads++;
+    c->st.read_bytes += f->io.len;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  kvt_io_buf_free(f->buf);
+  f->buf = NULL;
+  f->r = NULL;
+  read_done(r, rc);
+}
+
+#define READER_DEPTH 64
+
+static void *reader_main(void *arg) {
+  kvt_cold *c = arg;
+  inflight slots[READER_DEPTH] = {{0}};
+  kvt_io_req *start[READER_DEPTH], *done[READER_DEPTH];
+  size_t n_inflight = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
+  if (depth > READER_DEPTH) depth = READER_DEPTH;
+  for (;;) {
+    pthread_mutex_lock(&c->rq_lock);
+    while (!c->rq_head && !n_inflight && !c->reader_stop) pthread_cond_wait(&c->rq_cv, &c->rq_lock);
+    if (!c->rq_head && !n_inflight && c->reader_stop) {
+      pthread_mutex_unlock(&c->rq_lock);
+      break;
+    }
+    kvt_cold_read *take = NULL, **tail = &take;
+    for (size_t room = depth - n_inflight; c->rq_head && room; room--) {
+      kvt_cold_read *r = c->rq_head;
+      c->rq_head = r->next;
+      r->next = NULL;
+      *tail = r;
+      tail = &r->next;
+    }
+    if (!c->rq_head) c->rq_tail = NULL;
+    pthread_mutex_unlock(&c->rq_lock);
+    size_t n_start = 0;
+    if (take) {
+      MDB_txn *t = NULL;
+      int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+      for (kvt_cold_read *r = take, *next; r; r = next) {
+        next = r->next;
+        if (rc) {
+          read_done(r, rc);
+          continue;
+        }
+        size_t i = 0;
+        while (slots[i].r) i++;
+        read_start(c, t, r, &slots[i], &n_start, start);
+        if (slots[i].r && !slots[i].buf) slots[i].r = NULL;
+      }
+      if (t) mdb_txn_abort(t);
+    }
+    int rc = n_start ? kvt_io_submit(c->aio, start, n_start) : 0;
+    if (rc)
+      for (size_t i = 0; i < n_start; i++) {
+        inflight *f = start[i]->user;
+        f->io.res = rc;
+        read_finish(c, f);
+      }
+    else
+      n_inflight += n_start;
+    if (!n_inflight) continue;
+    size_t n_done = 0;
+    pthread_mutex_lock(&c->rq_lock);
+    int more = c->rq_head != NULL && n_inflight < depth;
+    pthread_mutex_unlock(&c->rq_lock);
+    /* A failed reap (EINTR and the like) leaves the reads in flight: their
+     * buffers stay allocated until the kernel is done with them. */
+    kvt_io_reap(c->aio, more ? 0 : 1, done, READER_DEPTH, &n_done);
+    for (size_t i = 0; i < n_done; i++) read_finish(c, done[i]->user);
+    n_inflight -= n_done;
+  }
+  return NULL;
+}
+
+static int reader_start(kvt_cold *c) {
+  pthread_mutex_init(&c->rq_lock, NULL);
+  pthread_cond_init(&c->rq_cv, NULL);
+  int rc = -pthread_create(&c->reader, NULL, reader_main, c);
+  c->reader_on = rc == 0;
+  return rc;
+}
+
+static void reader_stop(kvt_cold *c) {
+  if (!c->reader_on) return;
+  pthread_mutex_lock(&c->rq_lock);
+  c->reader_stop = 1;
+  pthread_cond_signal(&c->rq_cv);
+  pthread_mutex_unlock(&c->rq_lock);
+  pthread_join(c->reader, NULL);
+  pthread_mutex_destroy(&c->rq_lock);
+  pthread_cond_destroy(&c->rq_cv);
+  c->reader_on = 0;
+}
+
+int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out) {
+  *out = NULL;
+  if (n == 0) return KVT_ECOUNT;
+  kvt_cold_batch *b = malloc(sizeof *b);
+  if (!b) return -ENOMEM;
+  pthread_mutex_init(&b->m, NULL);
+  pthread_cond_init(&b->cv, NULL);
+  b->pending = n;
+  for (size_t i = 0; i < n; i++) {
+    reqs[i].batch = b;
+    reqs[i].status = 1; /* pending */
+    reqs[i].next = i + 1 < n ? &reqs[i + 1] : NULL;
+  }
+  pthread_mutex_lock(&c->rq_lock);
+  if (c->rq_tail) c->rq_tail->next = &reqs[0];
+  else c->rq_head = &reqs[0];
+  c->rq_tail = &reqs[n - 1];
+  pthread_cond_signal(&c->rq_cv);
+  pthread_mutex_unlock(&c->rq_lock);
+  *out = b;
+  return 0;
+}
+
+void kvt_cold_read_wait(kvt_cold_batch *b) {
+  if (!b) return;
+  pthread_mutex_lock(&b->m);
+  while (b->pending) pthread_cond_wait(&b->cv, &b->m);
+  pthread_mutex_unlock(&b->m);
+  pthread_mutex_destroy(&b->m);
+  pthread_cond_destroy(&b->cv);
+  free(b);
+}

@@ -1,0 +1,155 @@
+/* cold.h - the cold tier: token-block records in fixed-size segment files,
+ * written append-only through the I/O layer, indexed by LMDB.
+ *
+ * Durability order (DESIGN.md section 3): a group of records is written
+ * and fdatasync'ed; then one LMDB transaction that points at them commits
+ * (MDB_NOSYNC, then one mdb_env_sync); only then does the caller learn the
+ * blocks are durable. Every read checks the slice's key, layer and segment
+ * generation against the index and its XXH3-64 checksum: a mismatch is a
+ * miss (counted), never wrong bytes. Formats: docs/format.md, "Cold tier".
+ *
+ * Threads: one writer thread (the engine's flusher) calls the write and
+ * namespace functions; reads and lookups may come from any thread. */
+#ifndef KVT_COLD_H
+#define KVT_COLD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/mem.h"
+#include "io/io.h"
+#include "kvtier.h"
+
+typedef struct kvt_cold kvt_cold;
+
+typedef struct kvt_cold_config {
+  const char *dir;             /* the store directory */
+  int rdonly;
+  uint64_t bytes_limit;        /* segment files may total at most this */
+  uint64_t segment_bytes;      /* size of one segment file */
+  uint64_t map_bytes;          /* LMDB map size */
+  int compress;                /* 1: zstd on byte planes where it saves >= 1/16 */
+  int zstd_level;
+  kvt_io_config io;
+} kvt_cold_config;
+
+#define KVT_COLD_CODEC_RAW 0
+#define KVT_COLD_CODEC_PLANES 1
+
+/* One layer's slice as the index records it. */
+typedef struct kvt_cold_slice {
+  uint32_t rel_off;            /* from the record start; multiple of 4096 */
+  uint32_t stored_len;         /* payload bytes after the 48-byte slice header */
+  uint32_t raw_len;            /* K + V bytes once decoded */
+  uint8_t codec;
+  uint64_t checksum;           /* XXH3-64 of slice header + payload */
+} kvt_cold_slice;
+
+/* What the index says of one token block. */
+typedef struct kvt_cold_entry {
+  uint32_t seg;
+  uint64_t seg_gen;
+  uint64_t offset;             /* record start in the segment */
+  uint32_t rec_len;
+  uint32_t n_layers, dtype, bytes_each, pos;
+  kvt_key key, parent, ns_seed;
+} kvt_cold_entry;
+
+/* A token block to write: exact K then V of each layer. */
+typedef struct kvt_cold_rec {
+  kvt_key key, parent, ns_seed;
+  uint32_t pos, n_layers, dtype, bytes_each;
+  const uint8_t *const *layers; /* [n_layers] pointers to K||V (2*bytes_each) */
+} kvt_cold_rec;
+
+typedef struct kvt_cold_stats {
+  uint64_t records;                /* live in the index */
+  uint64_t live_bytes;             /* bytes of live records on disk */
+  uint64_t segments, segment_bytes, bytes_limit;
+  uint64_t groups_written, records_written, bytes_written;
+  uint64_t reads, read_bytes;
+  uint64_t checksum_failures;      /* reads refused by a check (each also a miss) */
+  uint64_t write_failures;
+  uint64_t full_refusals;          /* records not written: cold tier full */
+  uint64_t evictions;              /* entries removed by reclaiming segments */
+  uint64_t reclaims;               /* segments reclaimed */
+  char backend[32];
+  char why[160];
+} kvt_cold_stats;
+
+/* Open or create the cold tier in cfg->dir (index/ and segments/).
+ * Returns 0; KVT_EVERSION; KVT_ECORRUPT; KVT_EOPTION; -errno. */
+int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out);
+void kvt_cold_close(kvt_cold *c);
+
+/* Bytes of the record a token block of this shape takes, at most. */
+uint64_t kvt_cold_record_max(uint32_t n_layers, uint32_t bytes_each);
+
+/* Persist a namespace: its seed and canonical encoding (docs/format.md).
+ * Writer thread. 0 or -errno/KVT_E*. */
+int kvt_cold_ns_put(kvt_cold *c, const kvt_key *seed, const uint8_t *enc, size_t len);
+/* Call fn for every stored namespace; stops at fn's first non-zero. */
+int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, const uint8_t *enc,
+                                            size_t len),
+                     void *arg);
+
+/* Write a group of records durably: append to segments, fdatasync, commit
+ * the index. Records whose key is already indexed are skipped. On failure
+ * nothing of the group is in the index. *written (may be NULL) receives
+ * how many records were indexed. Writer thread.
+ * Returns 0; KVT_EFULL (the tier is full: nothing written); -errno. */
+int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written);
+
+/* When the tier is full, kvt_cold_write() reclaims the segment with the
+ * fewest live bytes: keep(arg, key) says which of its blocks must be
+ * written again (still referenced); the rest are evicted. keep is called
+ * from the writer thread, outside every cold-tier lock and transaction. */
+void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *arg, const kvt_key *key), void *arg);
+
+/* Is key in the index? Fills e (may be NULL). 0 or KVT_ENOTFOUND. */
+int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e);
+/* How many of keys[0..n), from the first, are in the index. */
+size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n);
+
+/* Read one layer of a token block into k_out and v_out (bytes_each each),
+ * reading only that layer's slice. Returns 0; KVT_ENOTFOUND; KVT_ECORRUPT
+ * (a check failed: counted, the caller treats it as a miss); KVT_EBUFSIZE;
+ * -errno. Any thread. */
+int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out, void *v_out,
+                        size_t bytes_each);
+
+/* Asynchronous reads of single layers: a reader thread owns its own ring,
+ * looks each request up, keeps up to 64 reads in flight, checks and
+ * decodes into the caller's buffers. reqs stays the caller's and must live
+ * until kvt_cold_read_wait() returns; statuses as kvt_cold_read_layer(). */
+typedef struct kvt_cold_batch kvt_cold_batch;
+typedef struct kvt_cold_read {
+  kvt_key key;
+  uint32_t layer;
+  void *k_out, *v_out;
+  size_t bytes_each;
+  int status;                  /* out */
+  kvt_cold_batch *batch;       /* internal */
+  struct kvt_cold_read *next;  /* internal */
+} kvt_cold_read;
+int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out);
+void kvt_cold_read_wait(kvt_cold_batch *b); /* frees b */
+
+/* Remove key from the index (a failed check, a drop). 0 or KVT_ENOTFOUND. */
+int kvt_cold_remove(kvt_cold *c, const kvt_key *key);
+
+/* Remove, durably, every entry of namespace seed (root NULL), or root and
+ * every entry whose chain passes through root (at position root_pos).
+ * *dropped (may be NULL) receives how many. 0 or -errno/KVT_E*. */
+int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                  uint64_t *dropped);
+
+void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st);
+
+/* Verify every index entry against its record: headers, keys, generation
+ * and checksums of every slice. Counts go to *bad and *checked; with repair
+ * the broken entries are removed. Returns 0 or -errno when it could not run. */
+int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
+                    void (*report)(void *arg, const kvt_key *key, const char *what), void *arg);
+
+#endif
