@@ -95,6 +95,9 @@ int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
   if (!e) return -ENOMEM;
   e->opt = o;
   e->mem = mem; /* counters copied: the engine allocation itself is counted */
+  pthread_mutex_init(&e->mem.pool_lock, NULL); /* a copied mutex is not a mutex */
+  kvt_mem_pool_cap(&e->mem, o.tier_bytes_limit[KVT_TIER_HOT] / 8 < (64u << 20)
+                                ? o.tier_bytes_limit[KVT_TIER_HOT] / 8 : (64u << 20));
   e->lock_fd = -1;
   e->seqs.next = e->seqs.prev = &e->seqs;
   e->loads.next = e->loads.prev = &e->loads;
@@ -134,6 +137,7 @@ fail:
   kvt_mem_free(&e->mem, KVT_MEM_INDEX, e->buckets, e->n_buckets * sizeof *e->buckets);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns, o.max_namespaces * sizeof *e->ns);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns_gen, o.max_namespaces * sizeof *e->ns_gen);
+  kvt_mem_fini(&e->mem);
   free(e);
   return rc;
 }
@@ -161,6 +165,7 @@ void kvt_engine_close(kvt_engine *e) {
   free(e->buckets);
   free(e->ns);
   free(e->ns_gen);
+  kvt_mem_fini(&e->mem);
   free(e);
 }
 
@@ -228,18 +233,33 @@ int kvt_shape_check(const kvt_shape *s) {
   return 0;
 }
 
-/* Non-finite means an all-ones exponent; written branch-free so it
- * vectorizes. Returns KVT_ENONFINITE or 0. */
-int kvt_finite_check(const void *data, size_t n, uint32_t dtype) {
-  unsigned bad = 0;
-  if (dtype == KVT_F32) {
-    const uint32_t *p = data;
-    for (size_t i = 0; i < n; i++) bad |= (p[i] & 0x7F800000u) == 0x7F800000u;
-  } else {
-    const uint16_t *p = data;
-    const uint16_t m = dtype == KVT_F16 ? 0x7C00 : 0x7F80;
-    for (size_t i = 0; i < n; i++) bad |= (uint16_t)(p[i] & m) == m;
+/* Non-finite means an all-ones exponent. Four f16/bf16 (two f32) lanes of
+ * a 64-bit word at a time: (x & exp) + exp_lsb carries into the lane's top
+ * bit exactly when every exponent bit is set; no carry crosses lanes. */
+static int any_allones(const void *data, size_t bytes, uint64_t exp, uint64_t lsb, uint64_t top) {
+  const uint8_t *p = data;
+  uint64_t bad = 0, w;
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    memcpy(&w, p + i, 8);
+    bad |= ((w & exp) + lsb) & top;
   }
+  if (i < bytes) { /* a tail of 2, 4 or 6 bytes: zero-padded lanes are finite */
+    w = 0;
+    memcpy(&w, p + i, bytes - i);
+    bad |= ((w & exp) + lsb) & top;
+  }
+  return bad != 0;
+}
+
+int kvt_finite_check(const void *data, size_t n, uint32_t dtype) {
+  int bad;
+  if (dtype == KVT_F32)
+    bad = any_allones(data, n * 4, 0x7F8000007F800000ull, 0x0080000000800000ull, 0x8000000080000000ull);
+  else if (dtype == KVT_F16)
+    bad = any_allones(data, n * 2, 0x7C007C007C007C00ull, 0x0400040004000400ull, 0x8000800080008000ull);
+  else
+    bad = any_allones(data, n * 2, 0x7F807F807F807F80ull, 0x0080008000800080ull, 0x8000800080008000ull);
   return bad ? KVT_ENONFINITE : 0;
 }
 

@@ -5,6 +5,7 @@
 #ifndef KVT_MEM_H
 #define KVT_MEM_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,13 +19,35 @@ enum kvt_mem_cat {
   KVT_MEM_NCAT
 };
 
+#define KVT_POOL_CLASSES 4
+
+/* Freed page-aligned buffers kept for reuse, a stack per size: putting and
+ * evicting blocks would otherwise fault fresh pages in and contend on the
+ * process's mmap lock with every O_DIRECT write. Counted as OTHER while
+ * pooled; bounded by pool_cap. */
+typedef struct kvt_pool_class {
+  size_t size;
+  void *head;
+} kvt_pool_class;
+
 typedef struct kvt_mem {
   _Atomic uint64_t bytes[KVT_MEM_NCAT];
   _Atomic uint64_t n_allocs;      /* allocations attempted */
   uint64_t fail_after;            /* fail allocation number fail_after (0 = never) */
+  pthread_mutex_t pool_lock;
+  kvt_pool_class pool[KVT_POOL_CLASSES];
+  uint64_t pool_bytes, pool_cap;
 } kvt_mem;
 
 void kvt_mem_init(kvt_mem *m, uint64_t fail_after);
+/* Set how many bytes of freed page buffers may be kept (0: none). */
+void kvt_mem_pool_cap(kvt_mem *m, uint64_t cap);
+/* Free the pool; the counters of what is still allocated stay. */
+void kvt_mem_fini(kvt_mem *m);
+/* Page-aligned buffers of size (a multiple of 4096), from the pool when it
+ * has one of that size. */
+void *kvt_mem_page_alloc(kvt_mem *m, int cat, size_t size);
+void kvt_mem_page_free(kvt_mem *m, int cat, void *p, size_t size);
 /* malloc counted in cat; NULL on failure (real or injected). */
 void *kvt_mem_alloc(kvt_mem *m, int cat, size_t size);
 /* zeroed. */

@@ -333,13 +333,20 @@ static inline int cu_copy_store(const char *src, const char *dst) {
 
 /* ---------------------------------------------------- child processes */
 
-/* Start this test program again as a child (/proc/self/exe with argv);
- * returns its pid, or -1. */
+/* The path of this test program: main() passes argv[0] to cu_set_self
+ * (so a run under valgrind re-executes the test, not valgrind). */
+static char cu_self[4096] = "/proc/self/exe";
+static inline void cu_set_self(const char *argv0) {
+  if (argv0 && !realpath(argv0, cu_self)) snprintf(cu_self, sizeof cu_self, "/proc/self/exe");
+}
+
+/* Start this test program again as a child with argv; returns its pid,
+ * or -1. */
 static inline pid_t cu_spawn_self(char *const argv[]) {
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) {
-    execv("/proc/self/exe", argv);
+    execv(cu_self, argv);
     _exit(127);
   }
   return pid;

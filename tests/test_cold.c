@@ -1330,6 +1330,7 @@ BOTH(segments_direct)
 
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
+  cu_set_self(argv[0]);
   tu_seed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(durable_reopen_uring),

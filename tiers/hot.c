@@ -115,7 +115,8 @@ kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload) {
   size_t align = payload_align(payload_bytes);
   *b = (kvt_lblk){.payload_bytes = payload_bytes,
                   .payload_alloc = kvt_mem_round_to(payload_bytes, align)};
-  if (with_payload && !(b->payload = kvt_mem_alloc_align(m, KVT_MEM_HOT, align, payload_bytes))) {
+  if (with_payload && !(b->payload = align == 4096 ? kvt_mem_page_alloc(m, KVT_MEM_HOT, b->payload_alloc)
+                                                   : kvt_mem_alloc_align(m, KVT_MEM_HOT, align, payload_bytes))) {
     kvt_mem_free(m, KVT_MEM_HOT, b, kvt_lblk_desc_bytes());
     return NULL;
   }
@@ -126,7 +127,11 @@ kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload) {
 }
 
 void kvt_payload_free(kvt_mem *m, int mem_cat, kvt_lblk *b) {
-  if (b->payload) kvt_mem_free(m, mem_cat, b->payload, b->payload_alloc);
+  if (!b->payload) return;
+  if (mem_cat == KVT_MEM_HOT && b->payload_bytes >= 4096) /* a hot page buffer: reused */
+    kvt_mem_page_free(m, mem_cat, b->payload, b->payload_alloc);
+  else
+    kvt_mem_free(m, mem_cat, b->payload, b->payload_alloc);
   b->payload = NULL;
 }
 

@@ -82,7 +82,7 @@ uint64_t kvt_lblk_desc_bytes(void);
 kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload);
 /* Free a block (descriptor and payload) that is in no tier. */
 void kvt_lblk_free(kvt_mem *m, int mem_cat, kvt_lblk *b);
-/* Free only the payload, counted in mem_cat. */
+/* Free only the payload, counted in mem_cat (KVT_MEM_HOT: the hot form). */
 void kvt_payload_free(kvt_mem *m, int mem_cat, kvt_lblk *b);
 
 /* Warm tier (warm.c): the quantized form, K and V encoded one after the
