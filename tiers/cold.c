@@ -154,6 +154,41 @@ static const uint8_t *entry_slice(const MDB_val *v, uint32_t layer) {
   return (const uint8_t *)v->mv_data + ENTRY_FIXED + (size_t)SLICE_ENTRY * layer;
 }
 
+/* Room for one more element of size elem in *v (n used, *cap allocated). */
+static int grow(void *v, size_t *cap, size_t n, size_t elem) {
+  if (n < *cap) return 0;
+  size_t nc = *cap ? 2 * *cap : 64;
+  void *p = realloc(*(void **)v, nc * elem);
+  if (!p) return -ENOMEM;
+  *(void **)v = p;
+  *cap = nc;
+  return 0;
+}
+
+/* Call fn for every entry of the blocks index, in key order, inside one
+ * read-only transaction; e is NULL when the entry does not parse. Stops at
+ * fn's first non-zero return and returns it. */
+typedef int (*entry_fn)(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e);
+
+static int each_entry(kvt_cold *c, entry_fn fn, void *arg) {
+  MDB_txn *t;
+  MDB_cursor *cur = NULL;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  if (rc) return rc;
+  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
+  MDB_val k, v;
+  for (int op = MDB_FIRST; !rc && !mdb_cursor_get(cur, &k, &v, op); op = MDB_NEXT) {
+    kvt_key key = {{0}};
+    kvt_cold_entry e;
+    if (k.mv_size == 16) memcpy(key.b, k.mv_data, 16);
+    int ok = k.mv_size == 16 && get_entry(&key, &v, &e) == 0;
+    rc = fn(arg, &key, &v, ok ? &e : NULL);
+  }
+  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
+  mdb_txn_abort(t);
+  return rc;
+}
+
 /* ---------- segment table ---------- */
 
 static void seg_row(const seg *s, uint8_t row[32]) {
@@ -994,61 +1029,64 @@ static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v, 
   return rc;
 }
 
+/* Remove keys from the index in one transaction, durably (a removal must
+ * not come back after a crash); also the namespace record ns_seed when
+ * given. *removed (may be NULL) counts the entries that were there. */
+static int remove_keys(kvt_cold *c, const kvt_key *keys, size_t n, const kvt_key *ns_seed,
+                       uint64_t *removed) {
+  MDB_txn *t = NULL;
+  uint64_t count = 0;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  for (size_t i = 0; !rc && i < n; i++) {
+    int r = remove_in(c, t, &keys[i]);
+    if (!r) count++;
+    else if (r != KVT_ENOTFOUND) rc = r;
+  }
+  if (!rc && ns_seed) {
+    MDB_val k = {16, (void *)ns_seed->b};
+    int r = mdb_del(t, c->db_ns, &k, NULL);
+    if (r && r != MDB_NOTFOUND) rc = mdb_err(r);
+  }
+  if (!rc) rc = mdb_err(mdb_txn_commit(t));
+  else if (t) mdb_txn_abort(t);
+  if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1));
+  if (!rc && removed) *removed = count;
+  return rc;
+}
+
+typedef struct verify_ctx {
+  kvt_cold *c;
+  void (*report)(void *, const kvt_key *, const char *);
+  void *arg;
+  uint64_t checked, bad;
+  kvt_key *broken;
+  size_t n_broken, cap;
+} verify_ctx;
+
+static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
+  verify_ctx *x = arg;
+  const char *what = "index entry malformed";
+  x->checked++;
+  int r = e ? verify_entry(x->c, e, v, &what) : KVT_ECORRUPT;
+  if (r == -ENOMEM) return r;
+  if (!r) return 0;
+  x->bad++;
+  if (x->report) x->report(x->arg, key, what);
+  if (grow(&x->broken, &x->cap, x->n_broken, sizeof *x->broken)) return -ENOMEM;
+  x->broken[x->n_broken++] = *key;
+  return 0;
+}
+
 int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
                     void (*report)(void *, const kvt_key *, const char *), void *arg) {
   *checked = *bad = 0;
   if (repair && c->cfg.rdonly) return KVT_ERDONLY;
-  MDB_txn *t;
-  MDB_cursor *cur = NULL;
-  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
-  if (rc) return rc;
-  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
-  kvt_key *broken = NULL;
-  size_t n_broken = 0, cap = 0;
-  MDB_val k, v;
-  int g;
-  for (int op = MDB_FIRST; !rc && !(g = mdb_cursor_get(cur, &k, &v, op)); op = MDB_NEXT) {
-    kvt_key key;
-    kvt_cold_entry e;
-    const char *what = "index entry malformed";
-    (*checked)++;
-    if (k.mv_size != 16) {
-      memset(key.b, 0, 16);
-    } else {
-      memcpy(key.b, k.mv_data, 16);
-    }
-    int r = k.mv_size != 16 ? KVT_ECORRUPT : get_entry(&key, &v, &e);
-    if (!r) r = verify_entry(c, &e, &v, &what);
-    if (r == -ENOMEM) {
-      rc = r;
-      break;
-    }
-    if (!r) continue;
-    (*bad)++;
-    if (report) report(arg, &key, what);
-    if (n_broken == cap) {
-      kvt_key *nb = realloc(broken, (cap = cap ? 2 * cap : 64) * sizeof *nb);
-      if (!nb) {
-        rc = -ENOMEM;
-        break;
-      }
-      broken = nb;
-    }
-    broken[n_broken++] = key;
-  }
-  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
-  mdb_txn_abort(t);
-  if (!rc && repair && n_broken) {
-    rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
-    for (size_t i = 0; !rc && i < n_broken; i++) {
-      int r = remove_in(c, t, &broken[i]);
-      if (r && r != KVT_ENOTFOUND) rc = r;
-    }
-    if (!rc) rc = mdb_err(mdb_txn_commit(t));
-    else mdb_txn_abort(t);
-    if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1));
-  }
-  free(broken);
+  verify_ctx x = {.c = c, .report = report, .arg = arg};
+  int rc = each_entry(c, verify_one, &x);
+  *checked = x.checked;
+  *bad = x.bad;
+  if (!rc && repair && x.n_broken) rc = remove_keys(c, x.broken, x.n_broken, NULL, NULL);
+  free(x.broken);
   return rc;
 }
 
@@ -1065,40 +1103,32 @@ static int cmp_drop_pos(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+typedef struct drop_ctx {
+  const kvt_key *seed, *root;
+  uint32_t root_pos;
+  drop_ent *ents;
+  size_t n, cap;
+} drop_ctx;
+
+static int drop_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
+  drop_ctx *x = arg;
+  (void)v;
+  if (!e || memcmp(e->ns_seed.b, x->seed->b, 16) || (x->root && e->pos <= x->root_pos)) return 0;
+  if (grow(&x->ents, &x->cap, x->n, sizeof *x->ents)) return -ENOMEM;
+  x->ents[x->n++] = (drop_ent){.key = *key, .parent = e->parent, .pos = e->pos};
+  return 0;
+}
+
 /* Entries of namespace seed (all, or those whose chain passes through
  * root), as keys sorted for bsearch. */
 static int drop_collect(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
                         kvt_key **out, size_t *n_out) {
-  MDB_txn *t;
-  MDB_cursor *cur = NULL;
   *out = NULL;
   *n_out = 0;
-  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
-  if (rc) return rc;
-  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
-  drop_ent *ents = NULL;
-  size_t n = 0, cap = 0;
-  MDB_val k, v;
-  int g;
-  for (int op = MDB_FIRST; !rc && !(g = mdb_cursor_get(cur, &k, &v, op)); op = MDB_NEXT) {
-    kvt_cold_entry e;
-    kvt_key key;
-    if (k.mv_size != 16) continue;
-    memcpy(key.b, k.mv_data, 16);
-    if (get_entry(&key, &v, &e) || memcmp(e.ns_seed.b, seed->b, 16)) continue;
-    if (root && e.pos <= root_pos) continue;
-    if (n == cap) {
-      drop_ent *ne = realloc(ents, (cap = cap ? 2 * cap : 256) * sizeof *ne);
-      if (!ne) {
-        rc = -ENOMEM;
-        break;
-      }
-      ents = ne;
-    }
-    ents[n++] = (drop_ent){.key = key, .parent = e.parent, .pos = e.pos};
-  }
-  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
-  mdb_txn_abort(t);
+  drop_ctx x = {.seed = seed, .root = root, .root_pos = root_pos};
+  int rc = each_entry(c, drop_one, &x);
+  drop_ent *ents = x.ents;
+  size_t n = x.n;
   kvt_key *keys = rc ? NULL : malloc((n + 1) * sizeof *keys);
   if (!rc && !keys) rc = -ENOMEM;
   size_t m = 0;
@@ -1131,25 +1161,8 @@ int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_
   kvt_key *keys;
   size_t n;
   int rc = drop_collect(c, seed, root, root_pos, &keys, &n);
-  if (rc) return rc;
-  MDB_txn *t;
-  uint64_t count = 0;
-  rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
-  for (size_t i = 0; !rc && i < n; i++) {
-    int r = remove_in(c, t, &keys[i]);
-    if (!r) count++;
-    else if (r != KVT_ENOTFOUND) rc = r;
-  }
-  if (!rc && !root) { /* the namespace itself */
-    MDB_val k = {16, (void *)seed->b};
-    int r = mdb_del(t, c->db_ns, &k, NULL);
-    if (r && r != MDB_NOTFOUND) rc = mdb_err(r);
-  }
-  if (!rc) rc = mdb_err(mdb_txn_commit(t));
-  else mdb_txn_abort(t);
-  if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1)); /* a drop must not come back */
+  if (!rc) rc = remove_keys(c, keys, n, root ? NULL : seed, dropped);
   free(keys);
-  if (!rc && dropped) *dropped = count;
   return rc;
 }
 
@@ -1212,37 +1225,33 @@ static int carry_load(kvt_cold *c, const kvt_cold_entry *e, carry *cy) {
 }
 
 /* Entries that live in segment id (its current generation). */
+typedef struct seg_ctx {
+  uint32_t id;
+  uint64_t gen;
+  kvt_cold_entry *v;
+  size_t n, cap;
+} seg_ctx;
+
+static int seg_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
+  seg_ctx *x = arg;
+  (void)key;
+  (void)v;
+  if (!e || e->seg != x->id || e->seg_gen != x->gen) return 0;
+  if (grow(&x->v, &x->cap, x->n, sizeof *x->v)) return -ENOMEM;
+  x->v[x->n++] = *e;
+  return 0;
+}
+
 static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n_out) {
-  MDB_txn *t;
-  MDB_cursor *cur = NULL;
-  *out = NULL;
-  *n_out = 0;
-  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
-  if (rc) return rc;
-  rc = mdb_err(mdb_cursor_open(t, c->db_blocks, &cur));
-  kvt_cold_entry *v = NULL;
-  size_t n = 0, cap = 0;
-  MDB_val k, val;
-  for (int op = MDB_FIRST; !rc && !mdb_cursor_get(cur, &k, &val, op); op = MDB_NEXT) {
-    kvt_cold_entry e;
-    kvt_key key;
-    if (k.mv_size != 16) continue;
-    memcpy(key.b, k.mv_data, 16);
-    if (get_entry(&key, &val, &e) || e.seg != id || e.seg_gen != c->segs[id].gen) continue;
-    if (n == cap) {
-      kvt_cold_entry *nv = realloc(v, (cap = cap ? 2 * cap : 64) * sizeof *nv);
-      if (!nv) {
-        rc = -ENOMEM;
-        break;
-      }
-      v = nv;
-    }
-    v[n++] = e;
+  seg_ctx x = {.id = id, .gen = c->segs[id].gen};
+  int rc = each_entry(c, seg_one, &x);
+  if (rc) {
+    free(x.v);
+    x.v = NULL;
+    x.n = 0;
   }
-  if (cur) mdb_cursor_close(cur); /* read-only txns do not free their cursors */
-  mdb_txn_abort(t);
-  if (rc) free(v);
-  else *out = v, *n_out = n;
+  *out = x.v;
+  *n_out = x.n;
   return rc;
 }
 

@@ -35,22 +35,6 @@ static void key_hex(const kvt_key *k, char out[33])
   out[32] = '\0';
 }
 
-/* A JSON string member or array element, escaped as util.c does; util's
- * writer has no arrays, so the fsck problem list is written here. */
-static void json_raw_string(FILE *f, const char *s)
-{
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\')
-      fprintf(f, "\\%c", *p);
-    else if (*p < 0x20)
-      fprintf(f, "\\u%04x", *p);
-    else
-      fputc(*p, f);
-  }
-  fputc('"', f);
-}
-
 /* ---- the segment files on disk ------------------------------------------- */
 
 typedef struct seg_files {
@@ -443,9 +427,9 @@ static void fsck_json(const fsck_run *r, const kvt_fsck_result *res)
   fputs(",\"problems\":[", stdout);
   for (uint32_t i = 0; i < r->n_list; i++) {
     fputs(i ? ",{\"key\":" : "{\"key\":", stdout);
-    json_raw_string(stdout, r->list[i].key);
+    json_string(stdout, r->list[i].key);
     fputs(",\"what\":", stdout);
-    json_raw_string(stdout, r->list[i].what);
+    json_string(stdout, r->list[i].what);
     fputc('}', stdout);
   }
   fputc(']', stdout);

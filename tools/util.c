@@ -156,7 +156,7 @@ const char *fmt_bytes(char *buf, size_t len, uint64_t bytes)
 
 /* ---- JSON writer ------------------------------------------------------ */
 
-static void json_string(FILE *f, const char *s)
+void json_string(FILE *f, const char *s)
 {
   fputc('"', f);
   for (const unsigned char *p = (const unsigned char *)s; *p; p++) {

@@ -58,6 +58,8 @@ const char *fmt_bytes(char *buf, size_t len, uint64_t bytes);
 
 #define JSON_MAX_DEPTH 8
 
+/* s as a JSON string literal, escaped. */
+void json_string(FILE *f, const char *s);
 typedef struct json_w {
   FILE *f;
   uint32_t depth;                    /* open objects */
