@@ -3,7 +3,9 @@
  * of warm blocks. For warm values, sum_t p_t v_t = S H (sum_t p_t w_t c_t)
  * (S the sign diagonal, H the Hadamard transform, c_t the centroid codes,
  * w_t = norm_t / vdim): one inverse rotation per head per query instead of
- * one per token. Blocks are pinned; the arithmetic runs outside the lock. */
+ * one per token. The query heads of a GQA group go together, so each code
+ * is read and converted once per group rather than once per query head.
+ * Blocks are pinned; the arithmetic runs outside the lock. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -11,12 +13,28 @@
 #include "engine/internal.h"
 #include "tiers/codec.h"
 
+/* Scores and rotated-domain sums of the query heads attended in one pass
+ * over the blocks: as many heads as fit (at least one). */
+#define WAVE_BYTES (4u << 20)
+
 typedef struct attend_ctx {
   const kvt_nsrec *ns;
-  uint32_t layer, T, H, D, vdim;
-  size_t es;
+  uint32_t T, H, D, vdim, group; /* group: query heads per KV head */
+  size_t es, stride;             /* stride: n * T, the scores of one query head */
   kvt_cshape cs;
+  float scale;
+  kvt_lblk *const *blk;          /* the n retained blocks */
+  size_t n;
+  const float *q;
+  float *out, *lse, *mass;       /* lse and mass may be NULL */
 } attend_ctx;
+
+/* Query heads [h0, h1): scores [h1 - h0][stride] (then probabilities),
+ * rotated-domain sums [h1 - h0][vdim]. */
+typedef struct attend_wave {
+  uint32_t h0, h1;
+  float *sc, *rot;
+} attend_wave;
 
 static float dot_f32(const float *a, const float *b, uint32_t n) {
   float s = 0;
@@ -24,42 +42,61 @@ static float dot_f32(const float *a, const float *b, uint32_t n) {
   return s;
 }
 
-/* scores[t] = scale * q . k_t for head kh of block b */
-static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t kh, const float *q,
-                         float scale, float *scores) {
+/* Query heads from h (before h1) that share h's KV head, at most
+ * KVT_CODEC_GQA: the codecs read each code once for all of them. */
+static uint32_t chunk_len(const attend_ctx *c, uint32_t h, uint32_t h1) {
+  uint32_t end = (h / c->group + 1) * c->group;
+  if (end > h1) end = h1;
+  return end - h < KVT_CODEC_GQA ? end - h : KVT_CODEC_GQA;
+}
+
+/* sc[j * stride + t] = scale * q_j . k_t over block b, for the gn query
+ * heads from h. */
+static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uint32_t gn, float *sc) {
+  const uint32_t kh = h / c->group;
+  const float *q = c->q + (size_t)h * c->D;
   if (b->tier == KVT_TIER_WARM) {
-    kvt_codec_k_dots(b->k_codec, &c->cs, b->payload, kh, q, scores);
-    for (uint32_t t = 0; t < c->T; t++) scores[t] *= scale;
+    kvt_codec_k_dots_n(b->k_codec, &c->cs, b->payload, kh, q, gn, sc, c->stride);
+    for (uint32_t j = 0; j < gn; j++)
+      for (uint32_t t = 0; t < c->T; t++) sc[j * c->stride + t] *= c->scale;
     return;
   }
   float k[KVT_MAX_HEAD_DIM];
-  for (uint32_t t = 0; t < c->T; t++) {
+  for (uint32_t t = 0; t < c->T; t++) { /* each row converted once for the gn heads */
     kvt_to_f32(b->payload + ((size_t)t * c->H + kh) * c->D * c->es, c->ns->desc.shape.dtype, c->D, k);
-    scores[t] = scale * dot_f32(q, k, c->D);
+    for (uint32_t j = 0; j < gn; j++) sc[j * c->stride + t] = c->scale * dot_f32(q + j * c->D, k, c->D);
   }
 }
 
-/* out += sum_t p_t v_t for hot blocks; rot += the rotated-domain sum for warm. */
-static void block_values(const attend_ctx *c, const kvt_lblk *b, uint32_t kh, const float *p,
-                         float *out, float *rot) {
+/* For the gn query heads from h: out_j += sum_t p_j[t] v_t over a hot
+ * block; rot_j += the rotated-domain sum over a warm one. */
+static void block_values(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uint32_t gn,
+                         const float *p, float *rot) {
+  const uint32_t kh = h / c->group;
   if (b->tier == KVT_TIER_WARM) {
-    kvt_codec_v_accum(b->v_codec, &c->cs, b->payload + b->k_len, kh, p, rot);
+    kvt_codec_v_accum_n(b->v_codec, &c->cs, b->payload + b->k_len, kh, p, c->stride, gn, rot);
     return;
   }
   const uint8_t *v0 = b->payload + c->ns->bytes_each;
   float v[KVT_MAX_HEAD_DIM];
   for (uint32_t t = 0; t < c->T; t++) {
-    if (p[t] == 0) continue;
+    float any = 0;
+    for (uint32_t j = 0; j < gn; j++) any += p[j * c->stride + t];
+    if (any == 0) continue; /* (probabilities are >= 0) */
     kvt_to_f32(v0 + ((size_t)t * c->H + kh) * c->D * c->es, c->ns->desc.shape.dtype, c->D, v);
-    for (uint32_t d = 0; d < c->D; d++) out[d] += p[t] * v[d];
+    for (uint32_t j = 0; j < gn; j++) {
+      float pj = p[j * c->stride + t], *o = c->out + (size_t)(h + j) * c->D;
+      for (uint32_t d = 0; d < c->D; d++) o[d] += pj * v[d];
+    }
   }
 }
 
-/* Warm payloads are checked once per call before their codes are used. */
+/* Warm payloads are checked before their codes are used, unless the block
+ * says its payload is known well formed (encoded by this engine). */
 static int check_warm(const attend_ctx *c, kvt_lblk *const *blk, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const kvt_lblk *b = blk[i];
-    if (b->tier != KVT_TIER_WARM) continue;
+    if (b->tier != KVT_TIER_WARM || b->checked) continue;
     size_t kl = kvt_codec_size(b->k_codec, &c->cs), vl = kvt_codec_size(b->v_codec, &c->cs);
     if (kl != b->k_len || kvt_codec_check(b->k_codec, &c->cs, b->payload, kl) ||
         kvt_codec_check(b->v_codec, &c->cs, b->payload + kl, vl))
@@ -68,31 +105,69 @@ static int check_warm(const attend_ctx *c, kvt_lblk *const *blk, size_t n) {
   return 0;
 }
 
-/* One query head over all blocks. scores has n * T floats. */
-static void attend_head(const attend_ctx *c, kvt_lblk *const *blk, size_t n, uint32_t kh,
-                        const float *q, float scale, float *scores, float *out, float *lse,
-                        float *mass) {
-  float m = -INFINITY, l = 0, rot[KVT_MAX_HEAD_DIM];
-  for (size_t i = 0; i < n; i++) block_scores(c, blk[i], kh, q, scale, scores + i * c->T);
-  for (size_t j = 0; j < n * c->T; j++) m = fmaxf(m, scores[j]);
-  for (size_t j = 0; j < n * c->T; j++) l += (scores[j] = expf(scores[j] - m));
-  for (size_t j = 0; j < n * c->T; j++) scores[j] /= l;
-  memset(out, 0, c->D * sizeof *out);
-  memset(rot, 0, c->vdim * sizeof *rot);
+/* Scores to probabilities in place, one query head; its lse. */
+static float softmax(float *p, size_t n) {
+  float m = -INFINITY, l = 0;
+  for (size_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m;
+  for (size_t i = 0; i < n; i++) l += (p[i] = expf(p[i] - m));
+  float inv = 1.0f / l;
+  for (size_t i = 0; i < n; i++) p[i] *= inv;
+  return m + logf(l);
+}
+
+/* Blocks in order, every query head of the wave for each: each block's
+ * codes are read as one run, once per wave. */
+static void wave_scores(const attend_ctx *c, const attend_wave *w) {
+  for (size_t i = 0; i < c->n; i++)
+    for (uint32_t h = w->h0, gn; h < w->h1; h += gn) {
+      gn = chunk_len(c, h, w->h1);
+      block_scores(c, c->blk[i], h, gn, w->sc + (h - w->h0) * c->stride + i * c->T);
+    }
+}
+
+static void wave_values(const attend_ctx *c, const attend_wave *w) {
+  for (size_t i = 0; i < c->n; i++) {
+    for (uint32_t h = w->h0, gn; h < w->h1; h += gn) {
+      gn = chunk_len(c, h, w->h1);
+      const float *p = w->sc + (h - w->h0) * c->stride + i * c->T;
+      block_values(c, c->blk[i], h, gn, p, w->rot + (size_t)(h - w->h0) * c->vdim);
+      for (uint32_t j = 0; c->mass && j < gn; j++)
+        for (uint32_t t = 0; t < c->T; t++) c->mass[i] += p[j * c->stride + t];
+    }
+  }
+}
+
+static void attend_wave_run(const attend_ctx *c, const attend_wave *w) {
+  const uint32_t nh = w->h1 - w->h0;
+  wave_scores(c, w);
+  for (uint32_t j = 0; j < nh; j++) {
+    float lse = softmax(w->sc + j * c->stride, c->stride);
+    if (c->lse) c->lse[w->h0 + j] = lse;
+  }
+  memset(c->out + (size_t)w->h0 * c->D, 0, (size_t)nh * c->D * sizeof *c->out);
+  memset(w->rot, 0, (size_t)nh * c->vdim * sizeof *w->rot);
+  wave_values(c, w);
   int any_warm = 0;
-  for (size_t i = 0; i < n; i++) {
-    const float *p = scores + i * c->T;
-    block_values(c, blk[i], kh, p, out, rot);
-    any_warm |= blk[i]->tier == KVT_TIER_WARM;
-    if (mass)
-      for (uint32_t t = 0; t < c->T; t++) mass[i] += p[t];
+  for (size_t i = 0; i < c->n; i++) any_warm |= c->blk[i]->tier == KVT_TIER_WARM;
+  for (uint32_t j = 0; any_warm && j < nh; j++) {
+    float v[KVT_MAX_HEAD_DIM], *o = c->out + (size_t)(w->h0 + j) * c->D;
+    kvt_codec_v_unrotate(&c->cs, w->rot + (size_t)j * c->vdim, v);
+    for (uint32_t d = 0; d < c->D; d++) o[d] += v[d];
   }
-  if (any_warm) {
-    float w[KVT_MAX_HEAD_DIM];
-    kvt_codec_v_unrotate(&c->cs, rot, w);
-    for (uint32_t d = 0; d < c->D; d++) out[d] += w[d];
+}
+
+/* Query heads per wave for up to cap blocks. */
+static uint32_t wave_heads(const attend_ctx *c, size_t cap, uint32_t n_q_heads) {
+  size_t per = (cap * c->T + c->vdim) * sizeof(float), nh = WAVE_BYTES / per;
+  return nh < 1 ? 1 : nh > n_q_heads ? n_q_heads : (uint32_t)nh;
+}
+
+static void attend_all(const attend_ctx *c, float *buf, uint32_t per_wave, uint32_t n_q_heads) {
+  for (uint32_t h0 = 0; h0 < n_q_heads; h0 += per_wave) {
+    attend_wave w = {.h0 = h0, .h1 = n_q_heads - h0 < per_wave ? n_q_heads : h0 + per_wave,
+                     .sc = buf, .rot = buf + (size_t)per_wave * c->stride};
+    attend_wave_run(c, &w);
   }
-  if (lse) *lse = m + logf(l);
 }
 
 int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
@@ -106,16 +181,19 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
     return KVT_ECOUNT;
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
   if (scale == 0) scale = 1.0f / sqrtf((float)sh->head_dim);
-  attend_ctx c = {.ns = s->ns, .layer = layer, .T = sh->block_tokens, .H = sh->n_kv_heads,
-                  .D = sh->head_dim, .vdim = kvt_codec_vdim(sh->head_dim),
-                  .es = kvt_dtype_size(sh->dtype),
+  attend_ctx c = {.ns = s->ns, .T = sh->block_tokens, .H = sh->n_kv_heads, .D = sh->head_dim,
+                  .vdim = kvt_codec_vdim(sh->head_dim), .group = n_q_heads / sh->n_kv_heads,
+                  .es = kvt_dtype_size(sh->dtype), .scale = scale, .q = q, .out = out, .lse = lse,
+                  .mass = block_mass,
                   .cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
                          .head_dim = sh->head_dim, .seed = kvt_layer_seed(s->ns, layer)}};
   size_t cap = s->n_blocks ? s->n_blocks : 1;
-  size_t blk_bytes = cap * sizeof(kvt_lblk *), sc_bytes = cap * c.T * sizeof(float);
+  uint32_t per_wave = wave_heads(&c, cap, n_q_heads);
+  size_t blk_bytes = cap * sizeof(kvt_lblk *);
+  size_t buf_bytes = (size_t)per_wave * (cap * c.T + c.vdim) * sizeof(float);
   kvt_lblk **blk = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, blk_bytes);
-  float *scores = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, sc_bytes);
-  int rc = (!blk || !scores) ? -ENOMEM : 0;
+  float *buf = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, buf_bytes);
+  int rc = (!blk || !buf) ? -ENOMEM : 0;
   size_t n = 0;
   if (!rc) {
     pthread_mutex_lock(&e->lock);
@@ -131,10 +209,10 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
       memset(out, 0, (size_t)n_q_heads * c.D * sizeof *out);
       for (uint32_t h = 0; lse && h < n_q_heads; h++) lse[h] = -INFINITY;
     }
-    uint32_t group = n_q_heads / c.H;
-    for (uint32_t h = 0; n && h < n_q_heads; h++)
-      attend_head(&c, blk, n, h / group, q + (size_t)h * c.D, scale, scores, out + (size_t)h * c.D,
-                  lse ? lse + h : NULL, block_mass);
+    c.blk = blk;
+    c.n = n;
+    c.stride = n * c.T;
+    if (n) attend_all(&c, buf, per_wave, n_q_heads);
   }
   if (blk && n) {
     pthread_mutex_lock(&e->lock);
@@ -142,6 +220,6 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
     pthread_mutex_unlock(&e->lock);
   }
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, blk_bytes);
-  kvt_mem_free(&e->mem, KVT_MEM_OTHER, scores, sc_bytes);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, buf, buf_bytes);
   return rc;
 }

@@ -747,6 +747,7 @@ static int demote(kvt_engine *e, kvt_lblk *b) {
   b->k_len = f.k_len;
   b->k_codec = f.k_codec;
   b->v_codec = f.v_codec;
+  b->checked = f.checked;
   b->cost = cost;
   kvt_tier_account(warm, b);
   if (listed) kvt_tier_lru_push(warm, b);

@@ -141,6 +141,41 @@ void kvt_vec_to_f32(const void *in, uint32_t dtype, uint32_t n, float *out) {
   else for (uint32_t i = 0; i < n; i++) out[i] = kvt_bf16_to_f32(h[i]);
 }
 
+/* Infinity and NaN are all-ones exponents, in every dtype once in f32. */
+static int any_nonfinite(const float *x, uint32_t n) {
+  unsigned bad = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, 4);
+    bad |= (u & 0x7F800000u) == 0x7F800000u;
+  }
+  return bad != 0;
+}
+
+/* f16 to f32 with the exponent test on the loaded halves: one pass. */
+KVT_AVX2 static int f16_load_avx2(const uint16_t *in, uint32_t n, float *out) {
+  const __m128i e = _mm_set1_epi16(0x7C00);
+  __m128i bad = _mm_setzero_si128();
+  uint32_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(in + i));
+    bad = _mm_or_si128(bad, _mm_cmpeq_epi16(_mm_and_si128(h, e), e));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+  int b = !_mm_testz_si128(bad, bad);
+  for (; i < n; i++) out[i] = kvt_f16_to_f32(in[i]);
+  return b;
+}
+
+int kvt_vec_load(const void *in, uint32_t dtype, uint32_t n, float *out) {
+  if (dtype == KVT_F16 && kvt_codec_level > 0 && n >= 8) {
+    int bad = f16_load_avx2(in, n, out);
+    return bad | any_nonfinite(out + n / 8 * 8, n % 8);
+  }
+  kvt_vec_to_f32(in, dtype, n, out);
+  return any_nonfinite(out, n);
+}
+
 static void from_f32(const float *in, uint32_t dtype, uint32_t n, void *out, int sat) {
   uint16_t *h = out;
   if (dtype == KVT_F32) memcpy(out, in, (size_t)n * 4);
@@ -195,21 +230,6 @@ static int shape_ok(const kvt_cshape *s) {
 
 /* ---------- dispatch ---------- */
 
-/* NaN and infinity have no code: refuse them rather than encode garbage
- * (and scalar and SIMD would disagree on it). */
-static int all_finite(const void *in, uint32_t dtype, size_t n) {
-  unsigned bad = 0;
-  if (dtype == KVT_F32) {
-    const uint32_t *p = in;
-    for (size_t i = 0; i < n; i++) bad |= (p[i] & 0x7F800000u) == 0x7F800000u;
-  } else {
-    const uint16_t *p = in;
-    const uint16_t m = dtype == KVT_F16 ? 0x7C00 : 0x7F80;
-    for (size_t i = 0; i < n; i++) bad |= (uint16_t)(p[i] & m) == m;
-  }
-  return !bad;
-}
-
 size_t kvt_codec_size(int id, const kvt_cshape *s) {
   const kvt_codec *c = kvt_codec_get(id);
   if (!c || !shape_ok(s)) return 0;
@@ -225,16 +245,20 @@ int64_t kvt_codec_encode(int id, const kvt_cshape *s, const void *in, uint32_t d
   if (!in || !out) return KVT_ENULL;
   if (kvt_dtype_size(dtype) == 0) return KVT_EDTYPE;
   if (out_len < need) return KVT_EBUFSIZE;
-  if (!all_finite(in, dtype, (size_t)s->n_tokens * s->n_heads * s->head_dim)) return KVT_ENONFINITE;
   level_init();
-  kvt_codec_put_hdr(out, id, s);
+  /* NaN and infinity have no code: the encoders refuse them as they load
+   * each vector (rather than in a pass of their own over the input). The
+   * header goes last, so a refused buffer never looks like an encoding. */
   int rc = c->is_value ? kvt_v_encode(c->bits, s, in, dtype, out + KVT_CODEC_HDR)
                        : kvt_k_encode(id, s, in, dtype, out + KVT_CODEC_HDR);
-  return rc ? rc : (int64_t)need;
+  if (rc) return rc;
+  kvt_codec_put_hdr(out, id, s);
+  return (int64_t)need;
 }
 
 int kvt_codec_check(int id, const kvt_cshape *s, const uint8_t *in, size_t in_len) {
   const kvt_codec *c = kvt_codec_get(id);
+  level_init();
   size_t need = kvt_codec_size(id, s);
   if (!c || !need || !in || in_len != need || !kvt_codec_hdr_ok(in, id, s)) return KVT_ECORRUPT;
   return c->is_value ? kvt_v_check(c->bits, s, in + KVT_CODEC_HDR)
@@ -246,10 +270,14 @@ int kvt_codec_decode(int id, const kvt_cshape *s, const uint8_t *in, size_t in_l
   if (kvt_dtype_size(dtype) == 0) return KVT_EDTYPE;
   if (!out) return KVT_ENULL;
   int rc = kvt_codec_check(id, s, in, in_len);
-  if (rc) return rc;
-  level_init();
+  if (!rc) kvt_codec_decode_trusted(id, s, in, out, dtype);
+  return rc;
+}
+
+void kvt_codec_decode_trusted(int id, const kvt_cshape *s, const uint8_t *in, void *out,
+                              uint32_t dtype) {
   const kvt_codec *c = kvt_codec_get(id);
+  level_init();
   if (c->is_value) kvt_v_decode(c->bits, s, in + KVT_CODEC_HDR, out, dtype);
   else kvt_k_decode(id, s, in + KVT_CODEC_HDR, out, dtype);
-  return 0;
 }

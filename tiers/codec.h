@@ -32,9 +32,12 @@ const kvt_codec *kvt_codec_get(int id);
 const kvt_codec *kvt_codec_by_name(const char *name);
 /* kvt_codec_size/encode/check/decode are public: see kvtier.h. */
 
-
-
-
+/* kvt_codec_decode without its checks, for a payload known well formed
+ * (the warm tier's own encodings in RAM): the shape and id are the ones it
+ * was encoded with. A malformed payload decodes to garbage, never outside
+ * out or in. */
+void kvt_codec_decode_trusted(int id, const kvt_cshape *s, const uint8_t *in, void *out,
+                              uint32_t dtype);
 
 /* Kernels: 0 = scalar reference, 1 = AVX2/F16C. kvt_codec_simd() says what
  * the CPU allows; tests force each to compare them. */
@@ -51,10 +54,22 @@ uint32_t kvt_codec_vdim(uint32_t head_dim);
 void kvt_codec_k_dots(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
                       const float *q, float *scores);
 
-/* acc[0..vdim) += sum_t p[t] * (norm_t / sqrt(vdim)) * centroid(code_t),
- * the rotated-domain accumulation for head h of an encoded V tensor. */
+/* acc[0..vdim) += sum_t p[t] * (norm_t / vdim) * centroid(code_t), the
+ * rotated-domain accumulation for head h of an encoded V tensor (the
+ * inverse rotation below is unnormalised: hence vdim, not sqrt(vdim)). */
 void kvt_codec_v_accum(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
                        const float *p, float *acc);
+
+/* The same for the gn <= KVT_CODEC_GQA query heads of a GQA group sharing
+ * KV head h, reading its codes once for all of them: query j is q + j *
+ * head_dim, its scores go to scores + j * stride, its weights come from
+ * p + j * stride, its accumulator is acc + j * vdim. Query j's results are
+ * those of kvt_codec_k_dots / v_accum on it alone, bit for bit. */
+#define KVT_CODEC_GQA 4u
+void kvt_codec_k_dots_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
+                        const float *q, uint32_t gn, float *scores, size_t stride);
+void kvt_codec_v_accum_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
+                         const float *p, size_t stride, uint32_t gn, float *acc);
 
 /* out[0..head_dim) = inverse rotation of acc (vdim floats, destroyed). */
 void kvt_codec_v_unrotate(const kvt_cshape *s, float *acc, float *out);

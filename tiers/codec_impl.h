@@ -3,11 +3,14 @@
 #ifndef KVT_CODEC_IMPL_H
 #define KVT_CODEC_IMPL_H
 
+#include <immintrin.h>
+
 #include "tiers/codec.h"
 
 #define KVT_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* Kernels instantiated for a constant size (a whole vector in registers). */
 #define KVT_INLINE inline __attribute__((always_inline))
+#define KVT_UNROLL _Pragma("GCC unroll 16")
 
 extern int kvt_codec_level; /* 0 scalar, 1 AVX2 (set by kvt_codec_force / cpuid) */
 
@@ -33,6 +36,23 @@ static inline void kvt_wr16(uint8_t *p, uint16_t v) {
   p[1] = (uint8_t)(v >> 8);
 }
 static inline int kvt_f16_ok(uint16_t h) { return (h & 0x8000) == 0 && (h & 0x7C00) != 0x7C00; }
+
+/* 8 decoded (finite) values to dtype at out, as kvt_vec_from_f32_sat does:
+ * f16 saturates at +-65504, bf16 rounds to nearest even. */
+KVT_AVX2 static inline void kvt_st8(void *out, uint32_t dtype, __m256 v) {
+  if (dtype == KVT_F32) {
+    _mm256_storeu_ps(out, v);
+  } else if (dtype == KVT_F16) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-65504.0f)), _mm256_set1_ps(65504.0f));
+    _mm_storeu_si128(out, _mm256_cvtps_ph(v, 0));
+  } else { /* x + 0x7FFF + (bit 16 of x), the high halves */
+    __m256i x = _mm256_castps_si256(v), one = _mm256_set1_epi32(1);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
+    x = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storeu_si128(out, h);
+  }
+}
 
 /* per-family entry points, dispatched by codec.c. Encoders return
  * KVT_ENONFINITE at the first vector holding an infinity or NaN (what came

@@ -128,6 +128,13 @@ KVT_AVX2 static float sumsq_avx2(const float *x, uint32_t n) {
 
 /* ---------- quantize and pack one rotated vector ---------- */
 
+/* The `bits` bytes of a group of 8 codes as one little-endian word. */
+static inline uint32_t group_word(const uint8_t *p, int bits) {
+  uint32_t w = 0;
+  for (int b = 0; b < bits; b++) w |= (uint32_t)p[b] << (8 * b);
+  return w;
+}
+
 static void pack_c(const vq *q, const float *y, float inv, uint8_t *out) {
   for (uint32_t g = 0; g < q->vdim; g += 8) {
     uint32_t word = 0;
@@ -160,14 +167,22 @@ KVT_AVX2 static void pack_avx2(const vq *q, const float *y, float inv, uint8_t *
   }
 }
 
+/* The stored f16 norm of a vector whose squares sum to ss; *inv = 1 / norm
+ * as used (0 for a zero norm). */
+static uint16_t norm_of(float ss, float *inv) {
+  uint16_t n16 = kvt_f32_to_f16(sqrtf(ss));
+  if ((n16 & 0x7C00) == 0x7C00) n16 = 0x7BFF;
+  float nf = kvt_f16_to_f32(n16);
+  *inv = nf > 0 ? 1.0f / nf : 0.0f;
+  return n16;
+}
+
 /* Encode one vector of head_dim values already in x[0..vdim) (zero padded).
  * x is destroyed. Returns the stored f16 norm. */
 static uint16_t encode_vec(const vq *q, float *x, uint8_t *codes) {
   int simd = kvt_codec_level > 0;
-  float ss = simd ? sumsq_avx2(x, q->vdim) : sumsq_c(x, q->vdim);
-  uint16_t n16 = kvt_f32_to_f16(sqrtf(ss));
-  if ((n16 & 0x7C00) == 0x7C00) n16 = 0x7BFF;
-  float nf = kvt_f16_to_f32(n16), inv = nf > 0 ? 1.0f / nf : 0.0f;
+  float inv;
+  uint16_t n16 = norm_of(simd ? sumsq_avx2(x, q->vdim) : sumsq_c(x, q->vdim), &inv);
   for (uint32_t i = 0; i < q->vdim; i++) x[i] = x[i] * q->sign[i];
   fwht(x, q->vdim);
   /* y = H(s x) has coordinates ~ N(0, |x|^2): y / |x| is what the
@@ -178,15 +193,285 @@ static uint16_t encode_vec(const vq *q, float *x, uint8_t *codes) {
   return n16;
 }
 
+/* ---------- AVX2: one whole vector in registers ----------
+ * The kernels below run the float operations of the scalar code above in
+ * the same order on a vector held in ng = vdim / 8 registers, instantiated
+ * for constant (bits, ng) where it matters, so nothing goes through memory
+ * between unpacking, the transform and the output. */
+
+#define NG_REG_MAX 16 /* registers of the largest vector kept in them */
+
+/* The butterflies h = 1, 2, 4 inside one register, as fwht_avx2. */
+KVT_AVX2 static KVT_INLINE __m256 bfly8(__m256 v) {
+  __m256 sw = _mm256_permute_ps(v, 0xB1);
+  v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xAA);
+  sw = _mm256_permute_ps(v, 0x4E);
+  v = _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xCC);
+  sw = _mm256_permute2f128_ps(v, v, 0x01);
+  return _mm256_blend_ps(_mm256_add_ps(v, sw), _mm256_sub_ps(sw, v), 0xF0);
+}
+
+/* One butterfly stage h (in registers) over ng registers. */
+KVT_AVX2 static KVT_INLINE void stage_regs(__m256 *x, uint32_t ng, uint32_t h) {
+  KVT_UNROLL
+  for (uint32_t i = 0; i < ng; i += 2 * h)
+    KVT_UNROLL
+    for (uint32_t j = i; j < i + h; j++) {
+      __m256 a = x[j], b = x[j + h];
+      x[j] = _mm256_add_ps(a, b);
+      x[j + h] = _mm256_sub_ps(a, b);
+    }
+}
+
+/* fwht_c on ng registers: every stage in order, h = 8.. between registers. */
+KVT_AVX2 static KVT_INLINE void fwht_regs(__m256 *x, uint32_t ng) {
+  KVT_UNROLL
+  for (uint32_t i = 0; i < ng; i++) x[i] = bfly8(x[i]);
+  _Static_assert(NG_REG_MAX <= 16, "the stages below");
+  const uint32_t hs[4] = {1, 2, 4, 8};
+  KVT_UNROLL
+  for (int k = 0; k < 4; k++)
+    if (hs[k] < ng) stage_regs(x, ng, hs[k]);
+}
+
+/* The word of group g of a vector of ng groups: 4 bytes loaded at once
+ * but for the last group, whose extra bytes may be past the codes (the
+ * bits above 8 * bits are never used). */
+static inline uint32_t load_group(const uint8_t *codes, int bits, uint32_t g, uint32_t ng) {
+  uint32_t w;
+  if (g + 1 == ng && bits < 4) return group_word(codes + g * bits, bits);
+  memcpy(&w, codes + g * bits, 4);
+  return w;
+}
+
+/* The codes of a group's word, one per lane. */
+KVT_AVX2 static KVT_INLINE __m256i codes_of(int bits, uint32_t w) {
+  const __m256i shifts = _mm256_mullo_epi32(_mm256_set1_epi32(bits), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts),
+                          _mm256_set1_epi32((1 << bits) - 1));
+}
+
+/* Centroid of each lane's code: c[0..8) in clo, c[8..16) in chi (4-bit). */
+KVT_AVX2 static KVT_INLINE __m256 lanes_of(int bits, __m256 clo, __m256 chi, __m256i code) {
+  __m256 lo = _mm256_permutevar8x32_ps(clo, code);
+  if (bits < 4) return lo;
+  __m256 hi = _mm256_permutevar8x32_ps(chi, code);
+  return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(code, 28))); /* bit 3 */
+}
+
+/* x = s . H(c * scale) for one vector (unpack_c, fwht, the signs). */
+KVT_AVX2 static KVT_INLINE void vdec_regs(const vq *q, int bits, uint32_t ng, const uint8_t *codes,
+                                          float scale, __m256 *x) {
+  const __m256 clo = _mm256_loadu_ps(q->c), chi = bits == 4 ? _mm256_loadu_ps(q->c + 8) : clo;
+  const __m256 sc = _mm256_set1_ps(scale);
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++)
+    x[g] = _mm256_mul_ps(lanes_of(bits, clo, chi, codes_of(bits, load_group(codes, bits, g, ng))), sc);
+  fwht_regs(x, ng);
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++) x[g] = _mm256_mul_ps(x[g], _mm256_loadu_ps(q->sign + 8 * g));
+}
+
+/* The first d values of x to dtype at out, as kvt_vec_from_f32_sat: from
+ * the registers when d is all of them (head_dim a power of two). */
+KVT_AVX2 static KVT_INLINE void store_regs(const __m256 *x, uint32_t ng, uint32_t d, uint32_t dtype,
+                                           uint8_t *out) {
+  const size_t es = dtype == KVT_F32 ? 4 : 2;
+  if (d == 8 * ng) {
+    KVT_UNROLL
+    for (uint32_t g = 0; g < ng; g++) kvt_st8(out + 8 * g * es, dtype, x[g]);
+    return;
+  }
+  float t[NG_REG_MAX * 8];
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++) _mm256_storeu_ps(t + 8 * g, x[g]);
+  kvt_vec_from_f32_sat(t, dtype, d, out);
+}
+
+KVT_AVX2 static KVT_INLINE void v_decode_regs(const vq *q, int bits, uint32_t ng, const kvt_cshape *s,
+                                              const uint8_t *body, void *out, uint32_t dtype) {
+  const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
+  const uint8_t *codes = body + 2 * n;
+  __m256 x[NG_REG_MAX];
+  for (size_t v = 0; v < n; v++) {
+    /* v = s . H(c * norm / sqrt(vdim)) / sqrt(vdim) = s . H(c) * norm / vdim */
+    float scale = _cvtsh_ss(kvt_rd16(body + 2 * v)) / (float)(8 * ng);
+    vdec_regs(q, bits, ng, codes + v * ng * bits, scale, x);
+    store_regs(x, ng, s->head_dim, dtype, (uint8_t *)out + v * s->head_dim * es);
+  }
+}
+
+/* Other vdims: the same operations through memory. */
+KVT_AVX2 static void v_decode_mem(const vq *q, const kvt_cshape *s, const uint8_t *body, void *out,
+                                  uint32_t dtype) {
+  const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
+  const uint32_t ng = q->vdim / 8;
+  const uint8_t *codes = body + 2 * n;
+  const __m256 clo = _mm256_loadu_ps(q->c), chi = q->bits == 4 ? _mm256_loadu_ps(q->c + 8) : clo;
+  float y[KVT_MAX_HEAD_DIM];
+  for (size_t v = 0; v < n; v++, codes += ng * q->bits) {
+    const __m256 sc = _mm256_set1_ps(_cvtsh_ss(kvt_rd16(body + 2 * v)) / (float)q->vdim);
+    for (uint32_t g = 0; g < ng; g++)
+      _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(lanes_of(q->bits, clo, chi, codes_of(q->bits, load_group(codes, q->bits, g, ng))), sc));
+    fwht_avx2(y, q->vdim);
+    for (uint32_t i = 0; i < s->head_dim; i++) y[i] = y[i] * q->sign[i];
+    kvt_vec_from_f32_sat(y, dtype, s->head_dim, (uint8_t *)out + v * s->head_dim * es);
+  }
+}
+
+KVT_AVX2 static void v_decode_avx2(const vq *q, const kvt_cshape *s, const uint8_t *body, void *out,
+                                   uint32_t dtype) {
+  const uint32_t ng = q->vdim / 8;
+  if (ng == 16 && q->bits == 3) v_decode_regs(q, 3, 16, s, body, out, dtype);
+  else if (ng == 16 && q->bits == 2) v_decode_regs(q, 2, 16, s, body, out, dtype);
+  else if (ng == 16) v_decode_regs(q, 4, 16, s, body, out, dtype);
+  else if (ng == 8 && q->bits == 3) v_decode_regs(q, 3, 8, s, body, out, dtype);
+  else if (ng == 8 && q->bits == 2) v_decode_regs(q, 2, 8, s, body, out, dtype);
+  else if (ng == 8) v_decode_regs(q, 4, 8, s, body, out, dtype);
+  else v_decode_mem(q, s, body, out, dtype);
+}
+
+/* Vector load for the encoder: d values of dtype, zero padded to 8 ng;
+ * nonzero when any is infinite or NaN (tested in f32, where every dtype's
+ * infinities and NaNs are all-ones exponents). */
+KVT_AVX2 static KVT_INLINE int vload_regs(const uint8_t *in, uint32_t dtype, uint32_t d, uint32_t ng,
+                                          __m256 *x) {
+  const size_t es = dtype == KVT_F32 ? 4 : 2;
+  if (d != 8 * ng) { /* through memory: head_dim not a power of two */
+    float t[NG_REG_MAX * 8] = {0};
+    int any = kvt_vec_load(in, dtype, d, t);
+    KVT_UNROLL
+    for (uint32_t g = 0; g < ng; g++) x[g] = _mm256_loadu_ps(t + 8 * g);
+    return any;
+  }
+  const __m256i e = _mm256_set1_epi32(0x7F800000);
+  __m256i bad = _mm256_setzero_si256();
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++) {
+    const uint8_t *p = in + 8 * g * es;
+    if (dtype == KVT_F16) x[g] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    else if (dtype == KVT_F32) x[g] = _mm256_loadu_ps((const float *)p);
+    else x[g] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    __m256i u = _mm256_and_si256(_mm256_castps_si256(x[g]), e);
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(u, e));
+  }
+  return !_mm256_testz_si256(bad, bad);
+}
+
+/* sumsq_avx2 on registers: the same lanes, the same reduction. */
+KVT_AVX2 static KVT_INLINE float sumsq_regs(const __m256 *x, uint32_t ng) {
+  __m256 acc = _mm256_setzero_ps();
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++) acc = _mm256_add_ps(acc, _mm256_mul_ps(x[g], x[g]));
+  __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  return _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps(r, r, 1)));
+}
+
+/* pack_c's codes by compares on |v| against the positive boundaries:
+ * they are symmetric (bound[L/2-1-k] = -bound[L/2-1+k] exactly, and
+ * bound[L/2-1] = +0), so with a = the bits of |v| (ordered as the floats),
+ *   v >= +0:  code = L/2-1 + #{k : a > P_k}
+ *   v <= -0:  code = L/2-1 - #{k >= 1 : a >= P_k} = (L/2-1 + #{k : a+1 > P_k}) ^ (L-1)
+ * with P_k the bits of bound[L/2-1+k]. NaN is made -inf first: no boundary
+ * is below either, code 0, as pack_c's compares give it. */
+KVT_AVX2 static KVT_INLINE __m256i code_lanes(int bits, __m256 v, const __m256i *P) {
+  const int L = 1 << bits;
+  __m256i u = _mm256_castps_si256(_mm256_max_ps(v, _mm256_set1_ps(-INFINITY)));
+  __m256i neg = _mm256_srai_epi32(u, 31);
+  __m256i a = _mm256_sub_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), neg);
+  __m256i cnt = _mm256_set1_epi32(L / 2 - 1);
+  KVT_UNROLL
+  for (int k = 0; k < L / 2; k++) cnt = _mm256_sub_epi32(cnt, _mm256_cmpgt_epi32(a, P[k]));
+  return _mm256_xor_si256(cnt, _mm256_and_si256(neg, _mm256_set1_epi32(L - 1)));
+}
+
+/* Four groups of codes (one per lane of c0..c3) packed as pack_c does,
+ * 4 * bits bytes at out; writes up to 8 - 2 * bits bytes beyond them.
+ * Bytes, then pairs (multiply-add by 1, 2^bits), then quads (1, 2^2bits),
+ * then each group's two halves joined in its 64-bit lane. */
+KVT_AVX2 static KVT_INLINE void pack4(int bits, __m256i c0, __m256i c1, __m256i c2, __m256i c3,
+                                      uint8_t *out) {
+  __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)); /* group order */
+  __m256i w = _mm256_maddubs_epi16(b, _mm256_set1_epi16((short)(1 | (1 << bits) << 8)));
+  w = _mm256_madd_epi16(w, _mm256_set1_epi32(1 | (1 << 2 * bits) << 16));
+  w = _mm256_add_epi64(w, _mm256_srli_epi64(w, 32 - 4 * bits));
+  const __m256i pick = bits == 2   ? _mm256_setr_epi8(0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                      0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)
+                       : bits == 3 ? _mm256_setr_epi8(0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                      0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)
+                                   : _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                      0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
+  w = _mm256_shuffle_epi8(w, pick);
+  _mm_storel_epi64((__m128i *)out, _mm256_castsi256_si128(w));
+  _mm_storel_epi64((__m128i *)(out + 2 * bits), _mm256_extracti128_si256(w, 1));
+}
+
+/* encode_vec on registers, for ng a multiple of 4. */
+KVT_AVX2 static KVT_INLINE uint16_t venc_regs(const vq *q, int bits, uint32_t ng, const __m256i *P,
+                                              __m256 *x, uint8_t *codes) {
+  float inv;
+  uint16_t n16 = norm_of(sumsq_regs(x, ng), &inv);
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++) x[g] = _mm256_mul_ps(x[g], _mm256_loadu_ps(q->sign + 8 * g));
+  fwht_regs(x, ng);
+  const __m256 iv = _mm256_set1_ps(inv);
+  uint8_t stage[NG_REG_MAX * 4 + 8]; /* room for pack4's overrun */
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g += 4)
+    pack4(bits, code_lanes(bits, _mm256_mul_ps(x[g], iv), P),
+          code_lanes(bits, _mm256_mul_ps(x[g + 1], iv), P),
+          code_lanes(bits, _mm256_mul_ps(x[g + 2], iv), P),
+          code_lanes(bits, _mm256_mul_ps(x[g + 3], iv), P), stage + g * bits);
+  memcpy(codes, stage, (size_t)ng * bits);
+  return n16;
+}
+
+KVT_AVX2 static KVT_INLINE int v_encode_regs(const vq *q, int bits, uint32_t ng, const kvt_cshape *s,
+                                             const void *in, uint32_t dtype, uint8_t *body) {
+  const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
+  uint8_t *codes = body + 2 * n;
+  __m256i P[8];
+  for (int k = 0; k < q->n_levels / 2; k++) {
+    int32_t b;
+    memcpy(&b, &q->bound[q->n_levels / 2 - 1 + k], 4);
+    P[k] = _mm256_set1_epi32(b);
+  }
+  __m256 x[NG_REG_MAX];
+  for (size_t v = 0; v < n; v++) {
+    if (vload_regs((const uint8_t *)in + v * s->head_dim * es, dtype, s->head_dim, ng, x))
+      return KVT_ENONFINITE;
+    kvt_wr16(body + 2 * v, venc_regs(q, bits, ng, P, x, codes + v * ng * bits));
+  }
+  return 0;
+}
+
+/* vdim 64 or 128 (else encode_vec through memory). */
+KVT_AVX2 static int v_encode_avx2(const vq *q, const kvt_cshape *s, const void *in, uint32_t dtype,
+                                  uint8_t *body) {
+  const uint32_t ng = q->vdim / 8;
+  if (ng == 16 && q->bits == 3) return v_encode_regs(q, 3, 16, s, in, dtype, body);
+  if (ng == 16 && q->bits == 2) return v_encode_regs(q, 2, 16, s, in, dtype, body);
+  if (ng == 16) return v_encode_regs(q, 4, 16, s, in, dtype, body);
+  if (q->bits == 3) return v_encode_regs(q, 3, 8, s, in, dtype, body);
+  if (q->bits == 2) return v_encode_regs(q, 2, 8, s, in, dtype, body);
+  return v_encode_regs(q, 4, 8, s, in, dtype, body);
+}
+
+/* ---------- encode, check, decode ---------- */
+
 int kvt_v_encode(int bits, const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body) {
   vq q;
   vq_init(&q, bits, s);
+  if (kvt_codec_level > 0 && (q.vdim == 64 || q.vdim == 128)) return v_encode_avx2(&q, s, in, dtype, body);
   const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
   const size_t cb = code_bytes(bits, q.vdim);
   uint8_t *codes = body + 2 * n;
   float x[KVT_MAX_HEAD_DIM];
   for (size_t v = 0; v < n; v++) {
-    kvt_vec_to_f32((const uint8_t *)in + v * s->head_dim * es, dtype, s->head_dim, x);
+    if (kvt_vec_load((const uint8_t *)in + v * s->head_dim * es, dtype, s->head_dim, x))
+      return KVT_ENONFINITE;
     for (uint32_t i = s->head_dim; i < q.vdim; i++) x[i] = 0;
     kvt_wr16(body + 2 * v, encode_vec(&q, x, codes + v * cb));
   }
@@ -196,17 +481,9 @@ int kvt_v_encode(int bits, const kvt_cshape *s, const void *in, uint32_t dtype, 
 int kvt_v_check(int bits, const kvt_cshape *s, const uint8_t *body) {
   (void)bits; /* every code of 2, 3 or 4 bits names a centroid */
   size_t n = (size_t)s->n_tokens * s->n_heads;
-  for (size_t v = 0; v < n; v++)
-    if (!kvt_f16_ok(kvt_rd16(body + 2 * v))) return KVT_ECORRUPT;
-  return 0;
-}
-
-/* ---------- unpack ---------- */
-
-static uint32_t group_word(const uint8_t *p, int bits) {
-  uint32_t w = 0;
-  for (int b = 0; b < bits; b++) w |= (uint32_t)p[b] << (8 * b);
-  return w;
+  unsigned bad = 0;
+  for (size_t v = 0; v < n; v++) bad |= !kvt_f16_ok(kvt_rd16(body + 2 * v));
+  return bad ? KVT_ECORRUPT : 0;
 }
 
 /* y[i] = scale * centroid(code i) for one vector. */
@@ -218,43 +495,13 @@ static void unpack_c(const vq *q, const uint8_t *codes, float scale, float *y) {
   }
 }
 
-KVT_AVX2 static __m256 centroid_lanes(const vq *q, __m256i code) {
-  if (q->bits < 4) return _mm256_permutevar8x32_ps(_mm256_loadu_ps(q->c), code);
-  __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(q->c), code);
-  __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(q->c + 8), code);
-  __m256 use_hi = _mm256_castsi256_ps(_mm256_slli_epi32(code, 28)); /* bit 3 to the sign */
-  return _mm256_blendv_ps(lo, hi, use_hi);
-}
-
-KVT_AVX2 static __m256i group_codes(const vq *q, const uint8_t *p, __m256i shifts, __m256i mask) {
-  return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)group_word(p, q->bits)), shifts),
-                          mask);
-}
-
-KVT_AVX2 static void unpack_avx2(const vq *q, const uint8_t *codes, float scale, float *y) {
-  const __m256i shifts = _mm256_mullo_epi32(_mm256_set1_epi32(q->bits),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i mask = _mm256_set1_epi32(q->n_levels - 1);
-  const __m256 sc = _mm256_set1_ps(scale);
-  for (uint32_t g = 0; g < q->vdim; g += 8, codes += q->bits)
-    _mm256_storeu_ps(y + g, _mm256_mul_ps(centroid_lanes(q, group_codes(q, codes, shifts, mask)), sc));
-}
-
-/* acc[i] += w * centroid(code i) */
-KVT_AVX2 static void accum_avx2(const vq *q, const uint8_t *codes, float w, float *acc) {
-  const __m256i shifts = _mm256_mullo_epi32(_mm256_set1_epi32(q->bits),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  const __m256i mask = _mm256_set1_epi32(q->n_levels - 1);
-  const __m256 wv = _mm256_set1_ps(w);
-  for (uint32_t g = 0; g < q->vdim; g += 8, codes += q->bits) {
-    __m256 c = centroid_lanes(q, group_codes(q, codes, shifts, mask));
-    _mm256_storeu_ps(acc + g, _mm256_fmadd_ps(c, wv, _mm256_loadu_ps(acc + g)));
-  }
-}
-
 void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dtype) {
   vq q;
   vq_init(&q, bits, s);
+  if (kvt_codec_level > 0) {
+    v_decode_avx2(&q, s, body, out, dtype);
+    return;
+  }
   const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
   const size_t cb = code_bytes(bits, q.vdim);
   const uint8_t *codes = body + 2 * n;
@@ -262,8 +509,7 @@ void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out,
   for (size_t v = 0; v < n; v++) {
     /* v = s . H(c * norm / sqrt(vdim)) / sqrt(vdim) = s . H(c) * norm / vdim */
     float scale = kvt_f16_to_f32(kvt_rd16(body + 2 * v)) / (float)q.vdim;
-    if (kvt_codec_level) unpack_avx2(&q, codes + v * cb, scale, y);
-    else unpack_c(&q, codes + v * cb, scale, y);
+    unpack_c(&q, codes + v * cb, scale, y);
     fwht(y, q.vdim);
     for (uint32_t i = 0; i < s->head_dim; i++) y[i] = y[i] * q.sign[i];
     kvt_vec_from_f32_sat(y, dtype, s->head_dim, (uint8_t *)out + v * s->head_dim * es);
@@ -272,8 +518,69 @@ void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out,
 
 /* ---------- attention: sum_t p_t v_t, rotated once per head ---------- */
 
-void kvt_codec_v_accum(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h, const float *p,
-                       float *acc) {
+/* Tokens of a block go through the AVX2 kernel in tiles: the weights of a
+ * tile's tokens (those not zero for every query) and their code rows. */
+#define V_TILE 32u
+
+/* acc_j[8c, 8c + 8 NC) += sum_i w[i][j] * centroids(rows[i] groups c..),
+ * for GN queries; the NC * GN sums stay in registers across the tile. */
+KVT_AVX2 static KVT_INLINE void vacc_chunk(const vq *q, int bits, uint32_t GN, uint32_t NC, uint32_t c,
+                                           const uint8_t *const *rows, const float *w, uint32_t nt,
+                                           float *acc) {
+  const uint32_t ng = q->vdim / 8;
+  const __m256 clo = _mm256_loadu_ps(q->c), chi = bits == 4 ? _mm256_loadu_ps(q->c + 8) : clo;
+  __m256 o[KVT_CODEC_GQA][2], cv[2];
+  KVT_UNROLL
+  for (uint32_t j = 0; j < GN; j++)
+    KVT_UNROLL
+    for (uint32_t k = 0; k < NC; k++) o[j][k] = _mm256_loadu_ps(acc + j * q->vdim + 8 * (c + k));
+  for (uint32_t i = 0; i < nt; i++) {
+    KVT_UNROLL
+    for (uint32_t k = 0; k < NC; k++)
+      cv[k] = lanes_of(bits, clo, chi, codes_of(bits, load_group(rows[i], bits, c + k, ng)));
+    KVT_UNROLL
+    for (uint32_t j = 0; j < GN; j++) {
+      __m256 wv = _mm256_broadcast_ss(w + i * KVT_CODEC_GQA + j);
+      KVT_UNROLL
+      for (uint32_t k = 0; k < NC; k++) o[j][k] = _mm256_fmadd_ps(wv, cv[k], o[j][k]);
+    }
+  }
+  KVT_UNROLL
+  for (uint32_t j = 0; j < GN; j++)
+    KVT_UNROLL
+    for (uint32_t k = 0; k < NC; k++) _mm256_storeu_ps(acc + j * q->vdim + 8 * (c + k), o[j][k]);
+}
+
+KVT_AVX2 static KVT_INLINE void vacc_tile(const vq *q, int bits, uint32_t GN, const uint8_t *const *rows,
+                                          const float *w, uint32_t nt, float *acc) {
+  const uint32_t ng = q->vdim / 8;
+  if (ng == 1) {
+    vacc_chunk(q, bits, GN, 1, 0, rows, w, nt, acc);
+    return;
+  }
+  for (uint32_t c = 0; c < ng; c += 2) vacc_chunk(q, bits, GN, 2, c, rows, w, nt, acc);
+}
+
+KVT_AVX2 static KVT_INLINE void vacc_tile_g(const vq *q, int bits, uint32_t gn, const uint8_t *const *rows,
+                                            const float *w, uint32_t nt, float *acc) {
+  switch (gn) {
+  case 1: vacc_tile(q, bits, 1, rows, w, nt, acc); break;
+  case 2: vacc_tile(q, bits, 2, rows, w, nt, acc); break;
+  case 3: vacc_tile(q, bits, 3, rows, w, nt, acc); break;
+  default: vacc_tile(q, bits, 4, rows, w, nt, acc); break;
+  }
+}
+
+/* Constant bits and GN: the sums stay in registers. */
+KVT_AVX2 static void vacc_tile_avx2(const vq *q, uint32_t gn, const uint8_t *const *rows,
+                                    const float *w, uint32_t nt, float *acc) {
+  if (q->bits == 3) vacc_tile_g(q, 3, gn, rows, w, nt, acc);
+  else if (q->bits == 2) vacc_tile_g(q, 2, gn, rows, w, nt, acc);
+  else vacc_tile_g(q, 4, gn, rows, w, nt, acc);
+}
+
+void kvt_codec_v_accum_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
+                         const float *p, size_t stride, uint32_t gn, float *acc) {
   const kvt_codec *c = kvt_codec_get(id);
   vq q;
   q.bits = c->bits;
@@ -282,18 +589,32 @@ void kvt_codec_v_accum(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t
   q.c = centroids(c->bits);
   const uint8_t *body = enc + KVT_CODEC_HDR;
   const size_t n = (size_t)s->n_tokens * s->n_heads, cb = code_bytes(q.bits, q.vdim);
-  float y[KVT_MAX_HEAD_DIM];
-  for (uint32_t t = 0; t < s->n_tokens; t++) {
-    size_t v = (size_t)t * s->n_heads + h;
-    float w = p[t] * kvt_f16_to_f32(kvt_rd16(body + 2 * v)) / (float)q.vdim;
-    if (w == 0) continue;
-    if (kvt_codec_level) {
-      accum_avx2(&q, body + 2 * n + v * cb, w, acc);
-    } else {
-      unpack_c(&q, body + 2 * n + v * cb, w, y);
-      for (uint32_t i = 0; i < q.vdim; i++) acc[i] += y[i];
+  const uint8_t *rows[V_TILE];
+  float w[V_TILE * KVT_CODEC_GQA], y[KVT_MAX_HEAD_DIM];
+  for (uint32_t t0 = 0; t0 < s->n_tokens; t0 += V_TILE) {
+    uint32_t nt = 0;
+    for (uint32_t t = t0; t < s->n_tokens && t < t0 + V_TILE; t++) {
+      size_t v = (size_t)t * s->n_heads + h;
+      float nrm = kvt_f16_to_f32(kvt_rd16(body + 2 * v)) / (float)q.vdim, any = 0;
+      for (uint32_t j = 0; j < gn; j++) any += (w[nt * KVT_CODEC_GQA + j] = p[j * stride + t] * nrm);
+      if (any == 0) continue; /* (weights are >= 0) */
+      rows[nt++] = body + 2 * n + v * cb;
     }
+    if (kvt_codec_level > 0) {
+      vacc_tile_avx2(&q, gn, rows, w, nt, acc);
+      continue;
+    }
+    for (uint32_t i = 0; i < nt; i++)
+      for (uint32_t j = 0; j < gn; j++) {
+        unpack_c(&q, rows[i], w[i * KVT_CODEC_GQA + j], y);
+        for (uint32_t d = 0; d < q.vdim; d++) acc[j * q.vdim + d] += y[d];
+      }
   }
+}
+
+void kvt_codec_v_accum(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h, const float *p,
+                       float *acc) {
+  kvt_codec_v_accum_n(id, s, enc, h, p, 0, 1, acc);
 }
 
 void kvt_codec_v_unrotate(const kvt_cshape *s, float *acc, float *out) {

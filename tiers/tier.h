@@ -39,6 +39,8 @@ typedef struct kvt_lblk {
   uint8_t busy;                 /* being demoted by some thread */
   uint8_t held;                 /* holds a pin until written to the cold tier */
   uint8_t k_codec, v_codec;     /* warm codecs (tiers/codec.h) */
+  uint8_t checked;              /* warm: payload known well formed (this engine
+                                   encoded it): readers skip kvt_codec_check */
 } kvt_lblk;
 
 typedef struct kvt_tier_state {
@@ -92,6 +94,7 @@ typedef struct kvt_warm_form {
   uint64_t alloc;               /* bytes allocated (or notional) */
   uint32_t k_len;
   uint8_t k_codec, v_codec;
+  uint8_t checked;              /* 1: encoded here (kvt_lblk.checked) */
 } kvt_warm_form;
 /* Notional size of the warm form of one layer block of this shape. */
 uint64_t kvt_warm_size(const kvt_shape_lite *s, int k_codec, int v_codec);
@@ -102,7 +105,8 @@ int kvt_warm_encode(kvt_mem *m, const kvt_shape_lite *s, const void *k, const vo
 /* A descriptor (counted in KVT_MEM_WARM) for a block born warm, owning
  * f's payload. NULL on allocation failure (f is not freed). */
 kvt_lblk *kvt_warm_alloc(kvt_mem *m, uint64_t payload_bytes, const kvt_warm_form *f);
-/* Decode a warm payload into K and V in dtype. 0 or KVT_ECORRUPT. */
+/* Decode a warm payload into K and V in dtype, checking it first unless
+ * b->checked. 0 or KVT_ECORRUPT. */
 int kvt_warm_decode(const kvt_shape_lite *s, const kvt_lblk *b, uint64_t seed, void *k_out,
                     void *v_out);
 
