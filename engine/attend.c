@@ -52,7 +52,8 @@ static uint32_t chunk_len(const attend_ctx *c, uint32_t h, uint32_t h1) {
 
 /* sc[j * stride + t] = scale * q_j . k_t over block b, for the gn query
  * heads from h. */
-static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uint32_t gn, float *sc) {
+static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uint32_t gn,
+                         float *sc) {
   const uint32_t kh = h / c->group;
   const float *q = c->q + (size_t)h * c->D;
   if (b->tier == KVT_TIER_WARM) {
@@ -63,8 +64,10 @@ static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uin
   }
   float k[KVT_MAX_HEAD_DIM];
   for (uint32_t t = 0; t < c->T; t++) { /* each row converted once for the gn heads */
-    kvt_to_f32(b->payload + ((size_t)t * c->H + kh) * c->D * c->es, c->ns->desc.shape.dtype, c->D, k);
-    for (uint32_t j = 0; j < gn; j++) sc[j * c->stride + t] = c->scale * dot_f32(q + j * c->D, k, c->D);
+    const uint8_t *row = b->payload + ((size_t)t * c->H + kh) * c->D * c->es;
+    kvt_to_f32(row, c->ns->desc.shape.dtype, c->D, k);
+    for (uint32_t j = 0; j < gn; j++)
+      sc[j * c->stride + t] = c->scale * dot_f32(q + j * c->D, k, c->D);
   }
 }
 

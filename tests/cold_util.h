@@ -5,7 +5,7 @@
  * children can use them), and a reader of segment files that finds
  * records and their slices so a test can corrupt chosen bytes.
  * Header only (static inline, so a test need not use every helper).
- * Relies on the record layout of tiers/cold.c (build_record). */
+ * Relies on the record layout of docs/format.md ("Cold tier"). */
 #ifndef KVT_COLD_UTIL_H
 #define KVT_COLD_UTIL_H
 
@@ -205,10 +205,12 @@ static inline uint32_t cu_get32(const uint8_t *p) {
   return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* Append the records found in segment file path to *recs (growing it). A
- * record starts on a 4 KiB boundary with "KVTREC01"; its length is at +12,
- * its key at +24, n_layers at +76 and the slice table (24 bytes a layer:
- * rel_off, stored_len, ...) at +88. Returns 0 or -errno. */
+/* Append the records found in segment file path to *recs (growing it).
+ * docs/format.md, "Records": a record starts on a 4 KiB boundary with
+ * "KVTREC01"; its length is at +12, its key at +24, n_layers at +76 and
+ * the slice table (24 bytes a layer: rel_off, stored_len, ...) at +88; a
+ * slice is its payload alone (stored_len bytes, all checksummed), then
+ * zero padding. Returns 0 or -errno. */
 static inline int cu_seg_scan(const char *path, cu_rec **recs, size_t *n, size_t *cap) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;

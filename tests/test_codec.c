@@ -960,6 +960,58 @@ static void test_attention_primitives(void **state) {
   kvt_codec_force(-1);
 }
 
+/* The GQA forms (kvt_codec_k_dots_n, kvt_codec_v_accum_n: up to
+ * KVT_CODEC_GQA queries sharing a KV head, strided scores and weights) give
+ * each query exactly what the one-query calls give it, at either kernel
+ * level; kvt_codec_decode_trusted decodes a valid payload as
+ * kvt_codec_decode does. */
+static void test_gqa_primitives(void **state) {
+  (void)state;
+  enum { G = KVT_CODEC_GQA, STRIDE = 70 }; /* > every T here: columns don't overlap */
+  for (int lvl = 0; lvl < 1 + kvt_codec_simd(); lvl++)
+    for (size_t ci = 0; ci < N_OF(all_codecs); ci++)
+      for (size_t hi = 0; hi < N_OF(dims); hi++)
+        for (size_t si = 0; si < N_OF(shapes); si++) {
+          int c = all_codecs[ci];
+          kvt_codec_force(lvl);
+          kvt_codec_shape s = {shapes[si].t, shapes[si].h, dims[hi], 0, tu_rand()};
+          const uint32_t T = s.n_tokens, H = s.n_heads, D = s.head_dim, vdim = kvt_codec_vdim(D);
+          SETCTX("gqa primitives level %d %s T=%u H=%u D=%u", lvl, kvt_codec_name(c), T, H, D);
+          bufs b;
+          bufs_alloc(&b, &s, c);
+          gen(b.in, b.x, KVT_F32, (size_t)T * H, D, 0);
+          encode_ok(c, &s, b.in, KVT_F32, b.enc, b.len);
+          decode_ok(c, &s, b.enc, b.len, b.dec, KVT_F16);
+          memset(b.dec2, 0x5A, b.n * 2);
+          kvt_codec_decode_trusted(c, &s, b.enc, b.dec2, KVT_F16);
+          check_same(b.dec, b.dec2, b.n * 2, "trusted and checked decodes");
+          static float q[G * KVT_MAX_HEAD_DIM], p[G * STRIDE], sc[G * STRIDE], one[STRIDE];
+          static float acc[G * KVT_MAX_HEAD_DIM], acc1[KVT_MAX_HEAD_DIM];
+          for (uint32_t h = 0; h < H; h++)
+            for (uint32_t gn = 1; gn <= G; gn++) {
+              for (uint32_t i = 0; i < gn * D; i++) q[i] = (float)gauss();
+              for (uint32_t i = 0; i < gn * STRIDE; i++) p[i] = tu_below(4) ? (float)unif() : 0.0f;
+              if (!is_value(c)) {
+                kvt_codec_k_dots_n(c, &s, b.enc, h, q, gn, sc, STRIDE);
+                for (uint32_t j = 0; j < gn; j++) {
+                  kvt_codec_k_dots(c, &s, b.enc, h, q + j * D, one);
+                  check_same(one, sc + j * STRIDE, T * sizeof(float), "k_dots_n and k_dots");
+                }
+                continue;
+              }
+              memset(acc, 0, gn * vdim * sizeof(float));
+              kvt_codec_v_accum_n(c, &s, b.enc, h, p, STRIDE, gn, acc);
+              for (uint32_t j = 0; j < gn; j++) {
+                memset(acc1, 0, sizeof acc1);
+                kvt_codec_v_accum(c, &s, b.enc, h, p + j * STRIDE, acc1);
+                check_same(acc1, acc + j * vdim, vdim * sizeof(float), "v_accum_n and v_accum");
+              }
+            }
+          bufs_free(&b);
+        }
+  kvt_codec_force(-1);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -973,6 +1025,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_corrupt, restore_level),
       cmocka_unit_test_teardown(test_conversions, restore_level),
       cmocka_unit_test_teardown(test_attention_primitives, restore_level),
+      cmocka_unit_test_teardown(test_gqa_primitives, restore_level),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

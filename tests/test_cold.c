@@ -454,8 +454,8 @@ static int block_of(const wl_block *b, size_t n, const kvt_key *key) {
   return -1;
 }
 
-/* Flip one random checksummed byte of layer `layer` of record r (slice
- * header or payload), or of its header when layer is -1. */
+/* Flip one random checksummed byte of layer `layer` of record r (its
+ * stored payload), or of the record header when layer is -1. */
 static void corrupt(const cu_rec *r, int layer) {
   uint64_t at;
   if (layer < 0) {

@@ -10,7 +10,22 @@
 #define KVT_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* Kernels instantiated for a constant size (a whole vector in registers). */
 #define KVT_INLINE inline __attribute__((always_inline))
+#define KVT_NOINLINE __attribute__((noinline))
+/* Loops over a vector's registers, unrolled in full so the vector stays
+ * in registers. Not in sanitizer builds: unrolled and instrumented, these
+ * kernels take clang minutes to compile (and the results are the same). */
+#if defined(__SANITIZE_ADDRESS__)
+#define KVT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define KVT_SANITIZED 1
+#endif
+#endif
+#ifdef KVT_SANITIZED
+#define KVT_UNROLL
+#else
 #define KVT_UNROLL _Pragma("GCC unroll 16")
+#endif
 
 extern int kvt_codec_level; /* 0 scalar, 1 AVX2 (set by kvt_codec_force / cpuid) */
 
@@ -48,7 +63,8 @@ KVT_AVX2 static inline void kvt_st8(void *out, uint32_t dtype, __m256 v) {
   } else { /* x + 0x7FFF + (bit 16 of x), the high halves */
     __m256i x = _mm256_castps_si256(v), one = _mm256_set1_epi32(1);
     __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), one);
-    x = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    x = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), odd);
+    x = _mm256_srli_epi32(x, 16);
     __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
     _mm_storeu_si128(out, h);
   }

@@ -199,8 +199,8 @@ static int codes_bad_c(int id, const uint8_t *c, size_t n) {
 }
 
 KVT_AVX2 static int codes_bad_avx2(int id, const uint8_t *c, size_t n) {
-  const __m256i z = _mm256_setzero_si256(), lo = _mm256_set1_epi8(0x0F), hi = _mm256_set1_epi8((char)0xF0);
-  const __m256i m80 = _mm256_set1_epi8((char)0x80);
+  const __m256i z = _mm256_setzero_si256(), lo = _mm256_set1_epi8(0x0F);
+  const __m256i hi = _mm256_set1_epi8((char)0xF0), m80 = _mm256_set1_epi8((char)0x80);
   __m256i bad = z;
   size_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -235,7 +235,8 @@ static void dequant_row(int id, const uint8_t *row, const float *scale, int per_
   for (uint32_t i = 0; i < d; i++) x[i] = (float)code_at(id, row, i) * scale[per_elem ? i : 0];
 }
 
-static void k_decode_c(int id, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dtype) {
+static void k_decode_c(int id, const kvt_cshape *s, const uint8_t *body, void *out,
+                       uint32_t dtype) {
   const uint32_t T = s->n_tokens, H = s->n_heads, D = s->head_dim;
   const size_t es = kvt_dtype_size(dtype), rb = row_bytes(id, D);
   const uint8_t *codes = body + 2 * n_scales(id, s);
@@ -261,7 +262,8 @@ KVT_AVX2 static KVT_INLINE __m256 k_lanes(int four, const uint8_t *row, uint32_t
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i))));
   uint32_t w;
   memcpy(&w, row + i / 2, 4);
-  __m256i c = _mm256_srlv_epi32(_mm256_set1_epi32((int)w), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  __m256i c = _mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts);
   c = _mm256_sub_epi32(_mm256_and_si256(c, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
   return _mm256_cvtepi32_ps(c);
 }
@@ -269,9 +271,10 @@ KVT_AVX2 static KVT_INLINE __m256 k_lanes(int four, const uint8_t *row, uint32_t
 /* One row scaled by sc (a row scale broadcast, or k8c's channel scales as
  * f16 at sc16) to dtype: the arithmetic of dequant_row in one pass, the
  * lanes past the last multiple of 8 by dequant_row itself. */
-KVT_AVX2 static KVT_INLINE void k_row_avx2(int id, const uint8_t *row, float sc, const uint8_t *sc16,
-                                           uint32_t d, uint32_t dtype, uint8_t *out) {
-  const size_t es = kvt_dtype_size(dtype);
+KVT_AVX2 static KVT_INLINE void k_row_avx2(int id, const uint8_t *row, float sc,
+                                           const uint8_t *sc16, uint32_t d, uint32_t dtype,
+                                           uint8_t *out) {
+  const size_t es = dtype == KVT_F32 ? 4 : 2;
   __m256 s = _mm256_set1_ps(sc);
   uint32_t i = 0;
   for (; i + 8 <= d; i += 8) {
@@ -280,9 +283,28 @@ KVT_AVX2 static KVT_INLINE void k_row_avx2(int id, const uint8_t *row, float sc,
   }
   if (i == d) return;
   float x[8], scv[8];
-  for (uint32_t j = 0; j < d - i; j++) scv[j] = sc16 ? kvt_f16_to_f32(kvt_rd16(sc16 + 2 * (i + j))) : sc;
+  for (uint32_t j = 0; j < d - i; j++)
+    scv[j] = sc16 ? kvt_f16_to_f32(kvt_rd16(sc16 + 2 * (i + j))) : sc;
   for (uint32_t j = 0; j < d - i; j++) x[j] = (float)code_at(id, row, i + j) * scv[j];
   kvt_vec_from_f32_sat(x, dtype, d - i, out + i * es);
+}
+
+/* k8 to f16, the common case, 16 codes a step. code * scale is exact in
+ * f32 (7 + 11 bits), so when 127 * scale <= 65504 no value needs the
+ * saturation of kvt_st8 and it is left out. */
+KVT_AVX2 static KVT_INLINE void k8_row_f16(const uint8_t *row, float sc, uint32_t d, uint8_t *out) {
+  if (d % 16 || 127.0f * sc > 65504.0f) {
+    k_row_avx2(KVT_CODEC_K8, row, sc, NULL, d, KVT_F16, out);
+    return;
+  }
+  const __m256 s = _mm256_set1_ps(sc);
+  for (uint32_t i = 0; i < d; i += 16) {
+    __m128i b = _mm_loadu_si128((const __m128i *)(row + i));
+    __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+    __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), s);
+    __m256i h = _mm256_set_m128i(_mm256_cvtps_ph(hi, 0), _mm256_cvtps_ph(lo, 0));
+    _mm256_storeu_si256((__m256i *)(out + 2 * i), h);
+  }
 }
 
 /* Vectors in storage order, so the output is written sequentially. */
@@ -295,8 +317,8 @@ KVT_AVX2 static void k_decode_avx2(int id, const kvt_cshape *s, const uint8_t *b
     uint8_t *o = (uint8_t *)out + v * D * es;
     if (id == KVT_CODEC_K8C)
       k_row_avx2(KVT_CODEC_K8C, codes + v * rb, 0, body + 2 * (v % H) * D, D, dtype, o);
-    else if (dtype == KVT_F16 && !is4(id)) /* the common case, specialised */
-      k_row_avx2(KVT_CODEC_K8, codes + v * rb, _cvtsh_ss(kvt_rd16(body + 2 * v)), NULL, D, KVT_F16, o);
+    else if (dtype == KVT_F16 && !is4(id))
+      k8_row_f16(codes + v * rb, _cvtsh_ss(kvt_rd16(body + 2 * v)), D, o);
     else
       k_row_avx2(id, codes + v * rb, _cvtsh_ss(kvt_rd16(body + 2 * v)), NULL, D, dtype, o);
   }
@@ -325,7 +347,8 @@ KVT_AVX2 static KVT_INLINE void dots_avx2(int id, const kvt_cshape *s, const uin
     for (uint32_t d = 0; d < Dv; d += 8) {
       __m256 k = k_lanes(is4(id), row, d);
       KVT_UNROLL
-      for (uint32_t j = 0; j < GN; j++) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j * qst + d), k, acc[j]);
+      for (uint32_t j = 0; j < GN; j++)
+        acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + j * qst + d), k, acc[j]);
     }
     KVT_UNROLL
     for (uint32_t j = 0; j < GN; j++) {
@@ -338,9 +361,9 @@ KVT_AVX2 static KVT_INLINE void dots_avx2(int id, const kvt_cshape *s, const uin
   }
 }
 
-KVT_AVX2 static KVT_INLINE void dots_avx2_g(int id, const kvt_cshape *s, const uint8_t *codes, uint32_t h,
-                                            const float *qs, uint32_t qst, uint32_t gn, float *scores,
-                                            size_t stride) {
+KVT_AVX2 static KVT_INLINE void dots_avx2_g(int id, const kvt_cshape *s, const uint8_t *codes,
+                                            uint32_t h, const float *qs, uint32_t qst, uint32_t gn,
+                                            float *scores, size_t stride) {
   switch (gn) {
   case 1: dots_avx2(id, s, codes, h, qs, qst, 1, scores, stride); break;
   case 2: dots_avx2(id, s, codes, h, qs, qst, 2, scores, stride); break;
@@ -376,14 +399,16 @@ void kvt_codec_k_dots_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_
   const uint32_t T = s->n_tokens, D = s->head_dim, Dp = (D + 7) / 8 * 8;
   const uint8_t *body = enc + KVT_CODEC_HDR, *codes = body + 2 * n_scales(id, s);
   float qs[KVT_CODEC_GQA * KVT_MAX_HEAD_DIM]; /* query j at j * Dp, zero padded */
+  if (gn == 0) return;
   const float *qv = q;
   uint32_t qst = D;
   if (id == KVT_CODEC_K8C || (is4(id) && D != Dp)) { /* k8c: fold the channel scales into q */
     for (uint32_t j = 0; j < gn; j++) {
       float *qj = qs + j * Dp;
-      for (uint32_t d = 0; d < D; d++)
-        qj[d] = id == KVT_CODEC_K8C ? q[j * D + d] * kvt_f16_to_f32(kvt_rd16(body + 2 * ((size_t)h * D + d)))
-                                    : q[j * D + d];
+      for (uint32_t d = 0; d < D; d++) {
+        const uint8_t *sc = body + 2 * ((size_t)h * D + d);
+        qj[d] = id == KVT_CODEC_K8C ? q[j * D + d] * kvt_f16_to_f32(kvt_rd16(sc)) : q[j * D + d];
+      }
       for (uint32_t d = D; d < Dp; d++) qj[d] = 0; /* k4's padding codes */
     }
     qv = qs;

@@ -201,6 +201,13 @@ static uint16_t encode_vec(const vq *q, float *x, uint8_t *codes) {
 
 #define NG_REG_MAX 16 /* registers of the largest vector kept in them */
 
+/* One vector, 8 floats a register. Passed by value between the inline
+ * kernels, so it stays in registers (no pointer to it for the compiler or
+ * a sanitizer to track). */
+typedef struct vregs {
+  __m256 r[NG_REG_MAX];
+} vregs;
+
 /* The butterflies h = 1, 2, 4 inside one register, as fwht_avx2. */
 KVT_AVX2 static KVT_INLINE __m256 bfly8(__m256 v) {
   __m256 sw = _mm256_permute_ps(v, 0xB1);
@@ -212,26 +219,28 @@ KVT_AVX2 static KVT_INLINE __m256 bfly8(__m256 v) {
 }
 
 /* One butterfly stage h (in registers) over ng registers. */
-KVT_AVX2 static KVT_INLINE void stage_regs(__m256 *x, uint32_t ng, uint32_t h) {
+KVT_AVX2 static KVT_INLINE vregs stage_regs(vregs x, uint32_t ng, uint32_t h) {
   KVT_UNROLL
   for (uint32_t i = 0; i < ng; i += 2 * h)
     KVT_UNROLL
     for (uint32_t j = i; j < i + h; j++) {
-      __m256 a = x[j], b = x[j + h];
-      x[j] = _mm256_add_ps(a, b);
-      x[j + h] = _mm256_sub_ps(a, b);
+      __m256 a = x.r[j], b = x.r[j + h];
+      x.r[j] = _mm256_add_ps(a, b);
+      x.r[j + h] = _mm256_sub_ps(a, b);
     }
+  return x;
 }
 
 /* fwht_c on ng registers: every stage in order, h = 8.. between registers. */
-KVT_AVX2 static KVT_INLINE void fwht_regs(__m256 *x, uint32_t ng) {
+KVT_AVX2 static KVT_INLINE vregs fwht_regs(vregs x, uint32_t ng) {
   KVT_UNROLL
-  for (uint32_t i = 0; i < ng; i++) x[i] = bfly8(x[i]);
+  for (uint32_t i = 0; i < ng; i++) x.r[i] = bfly8(x.r[i]);
   _Static_assert(NG_REG_MAX <= 16, "the stages below");
   const uint32_t hs[4] = {1, 2, 4, 8};
   KVT_UNROLL
   for (int k = 0; k < 4; k++)
-    if (hs[k] < ng) stage_regs(x, ng, hs[k]);
+    if (hs[k] < ng) x = stage_regs(x, ng, hs[k]);
+  return x;
 }
 
 /* The word of group g of a vector of ng groups: 4 bytes loaded at once
@@ -246,7 +255,8 @@ static inline uint32_t load_group(const uint8_t *codes, int bits, uint32_t g, ui
 
 /* The codes of a group's word, one per lane. */
 KVT_AVX2 static KVT_INLINE __m256i codes_of(int bits, uint32_t w) {
-  const __m256i shifts = _mm256_mullo_epi32(_mm256_set1_epi32(bits), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i shifts =
+      _mm256_mullo_epi32(_mm256_set1_epi32(bits), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), shifts),
                           _mm256_set1_epi32((1 << bits) - 1));
 }
@@ -260,43 +270,48 @@ KVT_AVX2 static KVT_INLINE __m256 lanes_of(int bits, __m256 clo, __m256 chi, __m
 }
 
 /* x = s . H(c * scale) for one vector (unpack_c, fwht, the signs). */
-KVT_AVX2 static KVT_INLINE void vdec_regs(const vq *q, int bits, uint32_t ng, const uint8_t *codes,
-                                          float scale, __m256 *x) {
+KVT_AVX2 static KVT_INLINE vregs vdec_regs(const vq *q, int bits, uint32_t ng, const uint8_t *codes,
+                                           float scale) {
   const __m256 clo = _mm256_loadu_ps(q->c), chi = bits == 4 ? _mm256_loadu_ps(q->c + 8) : clo;
   const __m256 sc = _mm256_set1_ps(scale);
+  vregs x;
+  KVT_UNROLL
+  for (uint32_t g = 0; g < ng; g++) {
+    __m256i code = codes_of(bits, load_group(codes, bits, g, ng));
+    x.r[g] = _mm256_mul_ps(lanes_of(bits, clo, chi, code), sc);
+  }
+  x = fwht_regs(x, ng);
   KVT_UNROLL
   for (uint32_t g = 0; g < ng; g++)
-    x[g] = _mm256_mul_ps(lanes_of(bits, clo, chi, codes_of(bits, load_group(codes, bits, g, ng))), sc);
-  fwht_regs(x, ng);
-  KVT_UNROLL
-  for (uint32_t g = 0; g < ng; g++) x[g] = _mm256_mul_ps(x[g], _mm256_loadu_ps(q->sign + 8 * g));
+    x.r[g] = _mm256_mul_ps(x.r[g], _mm256_loadu_ps(q->sign + 8 * g));
+  return x;
 }
 
 /* The first d values of x to dtype at out, as kvt_vec_from_f32_sat: from
  * the registers when d is all of them (head_dim a power of two). */
-KVT_AVX2 static KVT_INLINE void store_regs(const __m256 *x, uint32_t ng, uint32_t d, uint32_t dtype,
+KVT_AVX2 static KVT_INLINE void store_regs(vregs x, uint32_t ng, uint32_t d, uint32_t dtype,
                                            uint8_t *out) {
   const size_t es = dtype == KVT_F32 ? 4 : 2;
   if (d == 8 * ng) {
     KVT_UNROLL
-    for (uint32_t g = 0; g < ng; g++) kvt_st8(out + 8 * g * es, dtype, x[g]);
+    for (uint32_t g = 0; g < ng; g++) kvt_st8(out + 8 * g * es, dtype, x.r[g]);
     return;
   }
   float t[NG_REG_MAX * 8];
   KVT_UNROLL
-  for (uint32_t g = 0; g < ng; g++) _mm256_storeu_ps(t + 8 * g, x[g]);
+  for (uint32_t g = 0; g < ng; g++) _mm256_storeu_ps(t + 8 * g, x.r[g]);
   kvt_vec_from_f32_sat(t, dtype, d, out);
 }
 
-KVT_AVX2 static KVT_INLINE void v_decode_regs(const vq *q, int bits, uint32_t ng, const kvt_cshape *s,
-                                              const uint8_t *body, void *out, uint32_t dtype) {
+KVT_AVX2 static KVT_INLINE void v_decode_regs(const vq *q, int bits, uint32_t ng,
+                                              const kvt_cshape *s, const uint8_t *body, void *out,
+                                              uint32_t dtype) {
   const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
   const uint8_t *codes = body + 2 * n;
-  __m256 x[NG_REG_MAX];
   for (size_t v = 0; v < n; v++) {
     /* v = s . H(c * norm / sqrt(vdim)) / sqrt(vdim) = s . H(c) * norm / vdim */
     float scale = _cvtsh_ss(kvt_rd16(body + 2 * v)) / (float)(8 * ng);
-    vdec_regs(q, bits, ng, codes + v * ng * bits, scale, x);
+    vregs x = vdec_regs(q, bits, ng, codes + v * ng * bits, scale);
     store_regs(x, ng, s->head_dim, dtype, (uint8_t *)out + v * s->head_dim * es);
   }
 }
@@ -311,62 +326,84 @@ KVT_AVX2 static void v_decode_mem(const vq *q, const kvt_cshape *s, const uint8_
   float y[KVT_MAX_HEAD_DIM];
   for (size_t v = 0; v < n; v++, codes += ng * q->bits) {
     const __m256 sc = _mm256_set1_ps(_cvtsh_ss(kvt_rd16(body + 2 * v)) / (float)q->vdim);
-    for (uint32_t g = 0; g < ng; g++)
-      _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(lanes_of(q->bits, clo, chi, codes_of(q->bits, load_group(codes, q->bits, g, ng))), sc));
+    for (uint32_t g = 0; g < ng; g++) {
+      __m256i code = codes_of(q->bits, load_group(codes, q->bits, g, ng));
+      _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(lanes_of(q->bits, clo, chi, code), sc));
+    }
     fwht_avx2(y, q->vdim);
     for (uint32_t i = 0; i < s->head_dim; i++) y[i] = y[i] * q->sign[i];
     kvt_vec_from_f32_sat(y, dtype, s->head_dim, (uint8_t *)out + v * s->head_dim * es);
   }
 }
 
+/* One function per constant (bits, ng), chosen from a table: a single
+ * function holding every instance is slow to compile and to optimise. */
+typedef void vdec_fn(const vq *q, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dt);
+#define VDEC(b, n)                                                                               \
+  KVT_AVX2 KVT_NOINLINE static void vdec_##b##_##n(const vq *q, const kvt_cshape *s,            \
+                                                   const uint8_t *body, void *out, uint32_t dt) { \
+    v_decode_regs(q, b, n, s, body, out, dt);                                                    \
+  }
+VDEC(2, 8)
+VDEC(3, 8)
+VDEC(4, 8)
+VDEC(2, 16)
+VDEC(3, 16)
+VDEC(4, 16)
+static vdec_fn *const vdec_fns[3][2] = {
+    {vdec_2_8, vdec_2_16}, {vdec_3_8, vdec_3_16}, {vdec_4_8, vdec_4_16}};
+
 KVT_AVX2 static void v_decode_avx2(const vq *q, const kvt_cshape *s, const uint8_t *body, void *out,
                                    uint32_t dtype) {
   const uint32_t ng = q->vdim / 8;
-  if (ng == 16 && q->bits == 3) v_decode_regs(q, 3, 16, s, body, out, dtype);
-  else if (ng == 16 && q->bits == 2) v_decode_regs(q, 2, 16, s, body, out, dtype);
-  else if (ng == 16) v_decode_regs(q, 4, 16, s, body, out, dtype);
-  else if (ng == 8 && q->bits == 3) v_decode_regs(q, 3, 8, s, body, out, dtype);
-  else if (ng == 8 && q->bits == 2) v_decode_regs(q, 2, 8, s, body, out, dtype);
-  else if (ng == 8) v_decode_regs(q, 4, 8, s, body, out, dtype);
+  if (ng == 8 || ng == 16) vdec_fns[q->bits - 2][ng == 16](q, s, body, out, dtype);
   else v_decode_mem(q, s, body, out, dtype);
 }
 
 /* Vector load for the encoder: d values of dtype, zero padded to 8 ng;
  * nonzero when any is infinite or NaN (tested in f32, where every dtype's
  * infinities and NaNs are all-ones exponents). */
-KVT_AVX2 static KVT_INLINE int vload_regs(const uint8_t *in, uint32_t dtype, uint32_t d, uint32_t ng,
-                                          __m256 *x) {
+KVT_AVX2 static KVT_INLINE vregs vload_regs(const uint8_t *in, uint32_t dtype, uint32_t d,
+                                            uint32_t ng, int *nonfinite) {
   const size_t es = dtype == KVT_F32 ? 4 : 2;
+  vregs x;
   if (d != 8 * ng) { /* through memory: head_dim not a power of two */
     float t[NG_REG_MAX * 8] = {0};
-    int any = kvt_vec_load(in, dtype, d, t);
+    *nonfinite = kvt_vec_load(in, dtype, d, t);
     KVT_UNROLL
-    for (uint32_t g = 0; g < ng; g++) x[g] = _mm256_loadu_ps(t + 8 * g);
-    return any;
+    for (uint32_t g = 0; g < ng; g++) x.r[g] = _mm256_loadu_ps(t + 8 * g);
+    return x;
   }
   const __m256i e = _mm256_set1_epi32(0x7F800000);
   __m256i bad = _mm256_setzero_si256();
   KVT_UNROLL
   for (uint32_t g = 0; g < ng; g++) {
     const uint8_t *p = in + 8 * g * es;
-    if (dtype == KVT_F16) x[g] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    else if (dtype == KVT_F32) x[g] = _mm256_loadu_ps((const float *)p);
-    else x[g] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    __m256i u = _mm256_and_si256(_mm256_castps_si256(x[g]), e);
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dtype == KVT_F16) x.r[g] = _mm256_cvtph_ps(h);
+    else if (dtype == KVT_F32) x.r[g] = _mm256_loadu_ps((const float *)p);
+    else x.r[g] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    __m256i u = _mm256_and_si256(_mm256_castps_si256(x.r[g]), e);
     bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(u, e));
   }
-  return !_mm256_testz_si256(bad, bad);
+  *nonfinite = !_mm256_testz_si256(bad, bad);
+  return x;
 }
 
 /* sumsq_avx2 on registers: the same lanes, the same reduction. */
-KVT_AVX2 static KVT_INLINE float sumsq_regs(const __m256 *x, uint32_t ng) {
+KVT_AVX2 static KVT_INLINE float sumsq_regs(vregs x, uint32_t ng) {
   __m256 acc = _mm256_setzero_ps();
   KVT_UNROLL
-  for (uint32_t g = 0; g < ng; g++) acc = _mm256_add_ps(acc, _mm256_mul_ps(x[g], x[g]));
+  for (uint32_t g = 0; g < ng; g++) acc = _mm256_add_ps(acc, _mm256_mul_ps(x.r[g], x.r[g]));
   __m128 r = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   r = _mm_add_ps(r, _mm_movehl_ps(r, r));
   return _mm_cvtss_f32(_mm_add_ss(r, _mm_shuffle_ps(r, r, 1)));
 }
+
+/* The positive boundaries' bits, P_k below, one per register. */
+typedef struct vbounds {
+  __m256i p[8];
+} vbounds;
 
 /* pack_c's codes by compares on |v| against the positive boundaries:
  * they are symmetric (bound[L/2-1-k] = -bound[L/2-1+k] exactly, and
@@ -375,14 +412,14 @@ KVT_AVX2 static KVT_INLINE float sumsq_regs(const __m256 *x, uint32_t ng) {
  *   v <= -0:  code = L/2-1 - #{k >= 1 : a >= P_k} = (L/2-1 + #{k : a+1 > P_k}) ^ (L-1)
  * with P_k the bits of bound[L/2-1+k]. NaN is made -inf first: no boundary
  * is below either, code 0, as pack_c's compares give it. */
-KVT_AVX2 static KVT_INLINE __m256i code_lanes(int bits, __m256 v, const __m256i *P) {
+KVT_AVX2 static KVT_INLINE __m256i code_lanes(int bits, __m256 v, vbounds P) {
   const int L = 1 << bits;
   __m256i u = _mm256_castps_si256(_mm256_max_ps(v, _mm256_set1_ps(-INFINITY)));
   __m256i neg = _mm256_srai_epi32(u, 31);
   __m256i a = _mm256_sub_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)), neg);
   __m256i cnt = _mm256_set1_epi32(L / 2 - 1);
   KVT_UNROLL
-  for (int k = 0; k < L / 2; k++) cnt = _mm256_sub_epi32(cnt, _mm256_cmpgt_epi32(a, P[k]));
+  for (int k = 0; k < L / 2; k++) cnt = _mm256_sub_epi32(cnt, _mm256_cmpgt_epi32(a, P.p[k]));
   return _mm256_xor_si256(cnt, _mm256_and_si256(neg, _mm256_set1_epi32(L - 1)));
 }
 
@@ -397,74 +434,84 @@ KVT_AVX2 static KVT_INLINE void pack4(int bits, __m256i c0, __m256i c1, __m256i 
   __m256i w = _mm256_maddubs_epi16(b, _mm256_set1_epi16((short)(1 | (1 << bits) << 8)));
   w = _mm256_madd_epi16(w, _mm256_set1_epi32(1 | (1 << 2 * bits) << 16));
   w = _mm256_add_epi64(w, _mm256_srli_epi64(w, 32 - 4 * bits));
-  const __m256i pick = bits == 2   ? _mm256_setr_epi8(0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                      0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)
-                       : bits == 3 ? _mm256_setr_epi8(0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                      0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)
-                                   : _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                      0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
+  /* bytes 0..bits-1 of each 64-bit lane; -1 (top bit set) gives 0 */
+  const __m256i pick =
+      bits == 2 ? _mm256_setr_epi8(0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1,
+                                   8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)
+      : bits == 3
+          ? _mm256_setr_epi8(0, 1, 2, 8, 9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 2, 8,
+                             9, 10, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1)
+          : _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 2, 3,
+                             8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);
   w = _mm256_shuffle_epi8(w, pick);
   _mm_storel_epi64((__m128i *)out, _mm256_castsi256_si128(w));
   _mm_storel_epi64((__m128i *)(out + 2 * bits), _mm256_extracti128_si256(w, 1));
 }
 
 /* encode_vec on registers, for ng a multiple of 4. */
-KVT_AVX2 static KVT_INLINE uint16_t venc_regs(const vq *q, int bits, uint32_t ng, const __m256i *P,
-                                              __m256 *x, uint8_t *codes) {
+KVT_AVX2 static KVT_INLINE uint16_t venc_regs(const vq *q, int bits, uint32_t ng, vbounds P,
+                                              vregs x, uint8_t *codes) {
   float inv;
   uint16_t n16 = norm_of(sumsq_regs(x, ng), &inv);
   KVT_UNROLL
-  for (uint32_t g = 0; g < ng; g++) x[g] = _mm256_mul_ps(x[g], _mm256_loadu_ps(q->sign + 8 * g));
-  fwht_regs(x, ng);
+  for (uint32_t g = 0; g < ng; g++)
+    x.r[g] = _mm256_mul_ps(x.r[g], _mm256_loadu_ps(q->sign + 8 * g));
+  x = fwht_regs(x, ng);
   const __m256 iv = _mm256_set1_ps(inv);
   uint8_t stage[NG_REG_MAX * 4 + 8]; /* room for pack4's overrun */
   KVT_UNROLL
   for (uint32_t g = 0; g < ng; g += 4)
-    pack4(bits, code_lanes(bits, _mm256_mul_ps(x[g], iv), P),
-          code_lanes(bits, _mm256_mul_ps(x[g + 1], iv), P),
-          code_lanes(bits, _mm256_mul_ps(x[g + 2], iv), P),
-          code_lanes(bits, _mm256_mul_ps(x[g + 3], iv), P), stage + g * bits);
+    pack4(bits, code_lanes(bits, _mm256_mul_ps(x.r[g], iv), P),
+          code_lanes(bits, _mm256_mul_ps(x.r[g + 1], iv), P),
+          code_lanes(bits, _mm256_mul_ps(x.r[g + 2], iv), P),
+          code_lanes(bits, _mm256_mul_ps(x.r[g + 3], iv), P), stage + g * bits);
   memcpy(codes, stage, (size_t)ng * bits);
   return n16;
 }
 
-KVT_AVX2 static KVT_INLINE int v_encode_regs(const vq *q, int bits, uint32_t ng, const kvt_cshape *s,
-                                             const void *in, uint32_t dtype, uint8_t *body) {
+KVT_AVX2 static KVT_INLINE int v_encode_regs(const vq *q, int bits, uint32_t ng,
+                                             const kvt_cshape *s, const void *in, uint32_t dtype,
+                                             uint8_t *body) {
   const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
   uint8_t *codes = body + 2 * n;
-  __m256i P[8];
+  vbounds P;
   for (int k = 0; k < q->n_levels / 2; k++) {
     int32_t b;
     memcpy(&b, &q->bound[q->n_levels / 2 - 1 + k], 4);
-    P[k] = _mm256_set1_epi32(b);
+    P.p[k] = _mm256_set1_epi32(b);
   }
-  __m256 x[NG_REG_MAX];
   for (size_t v = 0; v < n; v++) {
-    if (vload_regs((const uint8_t *)in + v * s->head_dim * es, dtype, s->head_dim, ng, x))
-      return KVT_ENONFINITE;
+    int bad;
+    vregs x = vload_regs((const uint8_t *)in + v * s->head_dim * es, dtype, s->head_dim, ng, &bad);
+    if (bad) return KVT_ENONFINITE;
     kvt_wr16(body + 2 * v, venc_regs(q, bits, ng, P, x, codes + v * ng * bits));
   }
   return 0;
 }
 
-/* vdim 64 or 128 (else encode_vec through memory). */
-KVT_AVX2 static int v_encode_avx2(const vq *q, const kvt_cshape *s, const void *in, uint32_t dtype,
-                                  uint8_t *body) {
-  const uint32_t ng = q->vdim / 8;
-  if (ng == 16 && q->bits == 3) return v_encode_regs(q, 3, 16, s, in, dtype, body);
-  if (ng == 16 && q->bits == 2) return v_encode_regs(q, 2, 16, s, in, dtype, body);
-  if (ng == 16) return v_encode_regs(q, 4, 16, s, in, dtype, body);
-  if (q->bits == 3) return v_encode_regs(q, 3, 8, s, in, dtype, body);
-  if (q->bits == 2) return v_encode_regs(q, 2, 8, s, in, dtype, body);
-  return v_encode_regs(q, 4, 8, s, in, dtype, body);
-}
+typedef int venc_fn(const vq *q, const kvt_cshape *s, const void *in, uint32_t dt, uint8_t *body);
+#define VENC(b, n)                                                                            \
+  KVT_AVX2 KVT_NOINLINE static int venc_##b##_##n(const vq *q, const kvt_cshape *s,          \
+                                                  const void *in, uint32_t dt, uint8_t *body) { \
+    return v_encode_regs(q, b, n, s, in, dt, body);                                           \
+  }
+VENC(2, 8)
+VENC(3, 8)
+VENC(4, 8)
+VENC(2, 16)
+VENC(3, 16)
+VENC(4, 16)
+/* vdim 64 or 128 (others: encode_vec, through memory) */
+static venc_fn *const venc_fns[3][2] = {
+    {venc_2_8, venc_2_16}, {venc_3_8, venc_3_16}, {venc_4_8, venc_4_16}};
 
 /* ---------- encode, check, decode ---------- */
 
 int kvt_v_encode(int bits, const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body) {
   vq q;
   vq_init(&q, bits, s);
-  if (kvt_codec_level > 0 && (q.vdim == 64 || q.vdim == 128)) return v_encode_avx2(&q, s, in, dtype, body);
+  if (kvt_codec_level > 0 && (q.vdim == 64 || q.vdim == 128))
+    return venc_fns[bits - 2][q.vdim == 128](&q, s, in, dtype, body);
   const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
   const size_t cb = code_bytes(bits, q.vdim);
   uint8_t *codes = body + 2 * n;
@@ -524,9 +571,9 @@ void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out,
 
 /* acc_j[8c, 8c + 8 NC) += sum_i w[i][j] * centroids(rows[i] groups c..),
  * for GN queries; the NC * GN sums stay in registers across the tile. */
-KVT_AVX2 static KVT_INLINE void vacc_chunk(const vq *q, int bits, uint32_t GN, uint32_t NC, uint32_t c,
-                                           const uint8_t *const *rows, const float *w, uint32_t nt,
-                                           float *acc) {
+KVT_AVX2 static KVT_INLINE void vacc_chunk(const vq *q, int bits, uint32_t GN, uint32_t NC,
+                                           uint32_t c, const uint8_t *const *rows, const float *w,
+                                           uint32_t nt, float *acc) {
   const uint32_t ng = q->vdim / 8;
   const __m256 clo = _mm256_loadu_ps(q->c), chi = bits == 4 ? _mm256_loadu_ps(q->c + 8) : clo;
   __m256 o[KVT_CODEC_GQA][2], cv[2];
@@ -551,8 +598,9 @@ KVT_AVX2 static KVT_INLINE void vacc_chunk(const vq *q, int bits, uint32_t GN, u
     for (uint32_t k = 0; k < NC; k++) _mm256_storeu_ps(acc + j * q->vdim + 8 * (c + k), o[j][k]);
 }
 
-KVT_AVX2 static KVT_INLINE void vacc_tile(const vq *q, int bits, uint32_t GN, const uint8_t *const *rows,
-                                          const float *w, uint32_t nt, float *acc) {
+KVT_AVX2 static KVT_INLINE void vacc_tile(const vq *q, int bits, uint32_t GN,
+                                          const uint8_t *const *rows, const float *w, uint32_t nt,
+                                          float *acc) {
   const uint32_t ng = q->vdim / 8;
   if (ng == 1) {
     vacc_chunk(q, bits, GN, 1, 0, rows, w, nt, acc);
@@ -561,27 +609,34 @@ KVT_AVX2 static KVT_INLINE void vacc_tile(const vq *q, int bits, uint32_t GN, co
   for (uint32_t c = 0; c < ng; c += 2) vacc_chunk(q, bits, GN, 2, c, rows, w, nt, acc);
 }
 
-KVT_AVX2 static KVT_INLINE void vacc_tile_g(const vq *q, int bits, uint32_t gn, const uint8_t *const *rows,
-                                            const float *w, uint32_t nt, float *acc) {
-  switch (gn) {
-  case 1: vacc_tile(q, bits, 1, rows, w, nt, acc); break;
-  case 2: vacc_tile(q, bits, 2, rows, w, nt, acc); break;
-  case 3: vacc_tile(q, bits, 3, rows, w, nt, acc); break;
-  default: vacc_tile(q, bits, 4, rows, w, nt, acc); break;
+/* Constant bits and GN, one function each: the sums stay in registers. */
+typedef void vacc_fn(const vq *q, const uint8_t *const *rows, const float *w, uint32_t nt,
+                     float *acc);
+#define VACC(b, g)                                                                          \
+  KVT_AVX2 KVT_NOINLINE static void vacc_##b##_##g(const vq *q, const uint8_t *const *rows, \
+                                                   const float *w, uint32_t nt, float *acc) { \
+    vacc_tile(q, b, g, rows, w, nt, acc);                                                   \
   }
-}
-
-/* Constant bits and GN: the sums stay in registers. */
-KVT_AVX2 static void vacc_tile_avx2(const vq *q, uint32_t gn, const uint8_t *const *rows,
-                                    const float *w, uint32_t nt, float *acc) {
-  if (q->bits == 3) vacc_tile_g(q, 3, gn, rows, w, nt, acc);
-  else if (q->bits == 2) vacc_tile_g(q, 2, gn, rows, w, nt, acc);
-  else vacc_tile_g(q, 4, gn, rows, w, nt, acc);
-}
+VACC(2, 1)
+VACC(2, 2)
+VACC(2, 3)
+VACC(2, 4)
+VACC(3, 1)
+VACC(3, 2)
+VACC(3, 3)
+VACC(3, 4)
+VACC(4, 1)
+VACC(4, 2)
+VACC(4, 3)
+VACC(4, 4)
+static vacc_fn *const vacc_fns[3][KVT_CODEC_GQA] = {{vacc_2_1, vacc_2_2, vacc_2_3, vacc_2_4},
+                                                    {vacc_3_1, vacc_3_2, vacc_3_3, vacc_3_4},
+                                                    {vacc_4_1, vacc_4_2, vacc_4_3, vacc_4_4}};
 
 void kvt_codec_v_accum_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
                          const float *p, size_t stride, uint32_t gn, float *acc) {
   const kvt_codec *c = kvt_codec_get(id);
+  if (gn == 0) return;
   vq q;
   q.bits = c->bits;
   q.n_levels = 1 << c->bits;
@@ -596,12 +651,13 @@ void kvt_codec_v_accum_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32
     for (uint32_t t = t0; t < s->n_tokens && t < t0 + V_TILE; t++) {
       size_t v = (size_t)t * s->n_heads + h;
       float nrm = kvt_f16_to_f32(kvt_rd16(body + 2 * v)) / (float)q.vdim, any = 0;
-      for (uint32_t j = 0; j < gn; j++) any += (w[nt * KVT_CODEC_GQA + j] = p[j * stride + t] * nrm);
+      for (uint32_t j = 0; j < gn; j++)
+        any += (w[nt * KVT_CODEC_GQA + j] = p[j * stride + t] * nrm);
       if (any == 0) continue; /* (weights are >= 0) */
       rows[nt++] = body + 2 * n + v * cb;
     }
     if (kvt_codec_level > 0) {
-      vacc_tile_avx2(&q, gn, rows, w, nt, acc);
+      vacc_fns[q.bits - 2][gn - 1](&q, rows, w, nt, acc);
       continue;
     }
     for (uint32_t i = 0; i < nt; i++)
