@@ -59,7 +59,7 @@ static int options_check(const kvt_options *o) {
   if (o->cold_compress > 1 || o->cold_group_bytes == 0) return KVT_EOPTION;
   if (o->tier_bytes_limit[KVT_TIER_COLD]) {
     if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096) return KVT_EOPTION;
-    if (o->tier_bytes_limit[KVT_TIER_COLD] < o->cold_segment_bytes) return KVT_EOPTION;
+    if (o->tier_bytes_limit[KVT_TIER_COLD] / 2 < o->cold_segment_bytes) return KVT_EOPTION;
     if (o->cold_index_bytes < (1u << 20)) return KVT_EOPTION;
   }
   if (o->test_fault.kind > 5) return KVT_EOPTION;
@@ -200,6 +200,8 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
     st->tier_blocks[KVT_TIER_COLD] = cs.records;
     st->tier_limit[KVT_TIER_COLD] = cs.bytes_limit;
     st->evictions[KVT_TIER_COLD] = cs.evictions;
+    st->cold_reclaims = cs.reclaims;
+    st->cold_relocated = cs.relocated;
     snprintf(st->io_backend, sizeof st->io_backend, "%s", cs.backend);
     snprintf(st->io_why, sizeof st->io_why, "%s", cs.why);
   }

@@ -76,7 +76,7 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
 #define GROUP_MAX 1024
 
 static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
-                       const uint8_t **ptrs) {
+                       const uint8_t **ptrs, size_t *written) {
   size_t np = 0;
   for (size_t i = 0; i < n; i++) {
     kvt_tblk *tb = g[i];
@@ -86,7 +86,7 @@ static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs
                              .bytes_each = (uint32_t)tb->ns->bytes_each, .layers = ptrs + np};
     for (uint32_t l = 0; l < tb->n_layers; l++) ptrs[np++] = tb->layers[l]->payload;
   }
-  return kvt_cold_write(e->cold, recs, n, NULL);
+  return kvt_cold_write(e->cold, recs, n, written);
 }
 
 static void *flusher_main(void *arg) {
@@ -112,23 +112,24 @@ static void *flusher_main(void *arg) {
         rc = -ENOMEM;
       }
     }
-    if (!rc) rc = write_group(e, g, n, recs, ptrs); /* payloads are pinned: no lock needed */
+    size_t done = 0; /* leading blocks of g now durable */
+    if (!rc) rc = write_group(e, g, n, recs, ptrs, &done); /* payloads are pinned: no lock needed */
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < n; i++) {
       kvt_tblk *tb = g[i];
       tb->queued = 0;
-      if (!rc && !tb->indexed) { /* dropped while being written: not again */
+      if (i < done && !tb->indexed) { /* dropped while being written: not again */
         pthread_mutex_unlock(&e->lock);
         kvt_cold_remove(e->cold, &tb->key);
         pthread_mutex_lock(&e->lock);
-      } else if (!rc) {
+      } else if (i < done) {
         tb->cold = 1;
       }
       tb->seq_refs--;
       release_holds(e, tb); /* durable, or given up on: RAM may let it go */
     }
     if (rc && !e->cold_err) e->cold_err = rc;
-    if (!rc) e->st.cold_written += n;
+    e->st.cold_written += done;
     e->completed += n;
     pthread_cond_broadcast(&e->flushed);
   }

@@ -181,7 +181,9 @@ typedef struct kvt_options {
   double tier_load_latency_us[KVT_N_TIERS]; /**< fixed cost per block in estimates */
   uint64_t test_fail_alloc_after; /**< testing: fail the Nth allocation (0 = never) */
   /* The cold tier exists when tier_bytes_limit[KVT_TIER_COLD] > 0, or is
-   * opened read-only when the store has one. */
+   * opened read-only when the store has one. Its limit must hold two
+   * segments: one stays spare for relocating blocks out of a reclaimed
+   * segment (docs/format.md, "Capacity"). */
   uint64_t cold_segment_bytes;    /**< one segment file; >= 1 MiB, multiple of 4 KiB (64 MiB) */
   uint64_t cold_group_bytes;      /**< records made durable together, at most (16 MiB) */
   uint64_t cold_index_bytes;      /**< LMDB map size (8 GiB; sparse) */
@@ -291,6 +293,8 @@ typedef struct kvt_stats {
   uint64_t cold_checksum_failures; /**< cold reads refused by a check (each a miss) */
   uint64_t cold_write_failures;    /**< groups the cold tier failed to write */
   uint64_t cold_segments;
+  uint64_t cold_reclaims;    /**< segments reclaimed (freed for reuse) by this engine */
+  uint64_t cold_relocated;   /**< referenced blocks written again out of reclaimed segments */
   char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */
   char io_why[160];          /**< why that backend */
 } kvt_stats;

@@ -43,7 +43,7 @@ struct kvt_cold {
   kvt_mem *mem;
   int (*keep)(void *arg, const kvt_key *key); /* re-insert on reclaim? */
   void *keep_arg;
-  uint64_t evictions, reclaims;
+  uint64_t evictions, reclaims, relocated;
   kvt_cold_config cfg;
   char dir[4096];
   MDB_env *env;
@@ -363,7 +363,7 @@ static int open_env(kvt_cold *c) {
 static int config_check(const kvt_cold_config *cfg) {
   if (!cfg->dir) return KVT_ENULL;
   if (cfg->segment_bytes < (1u << 20) || cfg->segment_bytes % KVT_IO_ALIGN) return KVT_EOPTION;
-  if (cfg->bytes_limit < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION;
+  if (cfg->bytes_limit / 2 < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION; /* + a spare */
   if (cfg->map_bytes < (1u << 20)) return KVT_EOPTION;
   if (cfg->zstd_level < -5 || cfg->zstd_level > 19) return KVT_EOPTION;
   if (strlen(cfg->dir) >= 4000) return -ENAMETOOLONG;
@@ -611,11 +611,22 @@ static int key_indexed(kvt_cold *c, MDB_txn *t, const kvt_key *k) {
   return mdb_get(t, c->db_blocks, &key, &v) == 0;
 }
 
+/* Whole segments still to be had: free ones and files the limit allows. */
+static uint64_t spare_segs(const kvt_cold *c) {
+  uint64_t spare = 0, cap = c->cfg.bytes_limit / c->cfg.segment_bytes;
+  if (cap > c->max_segs) cap = c->max_segs;
+  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
+  return spare + (cap > c->n_segs ? cap - c->n_segs : 0);
+}
+
 /* A segment with room for len more bytes: the active one, else a free one
  * (its generation bumped: entries into its old life can no longer match),
- * else a new file while the limit allows. -1 when the tier is full. */
-static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n_sealed) {
+ * else a new file while the limit allows, as long as `reserve` spare
+ * segments are left. -1 when there is none. */
+static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t *sealed,
+                          size_t *n_sealed) {
   if (c->active >= 0 && c->segs[c->active].used + len <= c->cfg.segment_bytes) return c->active;
+  if (spare_segs(c) <= reserve) return -1; /* the active one keeps its room for smaller records */
   if (c->active >= 0) {
     c->segs[c->active].state = SEG_FULL;
     sealed[(*n_sealed)++] = (uint32_t)c->active;
@@ -630,8 +641,6 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n
     s->state = SEG_OPEN;
     return c->active = (int)id;
   }
-  if ((uint64_t)(c->n_segs + 1) * c->cfg.segment_bytes > c->cfg.bytes_limit || c->n_segs >= c->max_segs)
-    return -1;
   uint32_t id = c->n_segs;
   if (seg_open_file(c, id, 1)) return -1;
   c->n_segs++;
@@ -639,11 +648,25 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n
   return c->active = (int)id;
 }
 
-static int seg_for(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n_sealed) {
+static int seg_for(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t *sealed,
+                   size_t *n_sealed) {
   pthread_mutex_lock(&c->st_lock); /* readers look up descriptors */
-  int id = seg_for_locked(c, len, sealed, n_sealed);
+  int id = seg_for_locked(c, len, reserve, sealed, n_sealed);
   pthread_mutex_unlock(&c->st_lock);
   return id;
+}
+
+static int find_locked(kvt_cold *c, MDB_txn *t, const kvt_key *key, kvt_cold_entry *e,
+                       kvt_cold_slice *one, uint32_t layer);
+
+/* The segment a reclaim relocates records out of. */
+typedef struct victim {
+  uint32_t id;
+  uint64_t gen;
+} victim;
+
+static int in_victim(const kvt_cold_entry *e, const victim *v) {
+  return e->seg == v->id && e->seg_gen == v->gen;
 }
 
 typedef struct placed {
@@ -651,17 +674,45 @@ typedef struct placed {
   uint64_t off;               /* in the segment */
   part *parts;                /* n_layers + 1 pieces, in disk order */
   kvt_cold_entry e;
+  uint64_t old_len;           /* relocated: the record it replaces */
+  int dead;                   /* relocated, but its entry had gone meanwhile */
 } placed;
 
-/* Index the placed records and the touched segments in one transaction,
- * then sync the environment once. */
-static int commit_group(kvt_cold *c, const placed *pl, size_t n, kvt_cold_slice *const *sl,
-                        const uint32_t *touched, size_t n_touched) {
+/* Live bytes of the indexed records of pl, and of the victim copies they
+ * replace, counted (sign 1) or uncounted (-1). */
+static void add_live(kvt_cold *c, const placed *pl, size_t np, const victim *vic, int sign) {
+  pthread_mutex_lock(&c->st_lock);
+  for (size_t i = 0; i < np; i++) {
+    if (pl[i].dead) continue;
+    uint64_t d = (uint64_t)(int64_t)sign;
+    c->segs[pl[i].seg].live += d * pl[i].e.rec_len;
+    c->st.live_bytes += d * pl[i].e.rec_len;
+    if (vic) {
+      c->segs[vic->id].live -= d * pl[i].old_len;
+      c->st.live_bytes -= d * pl[i].old_len;
+    }
+  }
+  pthread_mutex_unlock(&c->st_lock);
+}
+
+/* Index the placed records and save the touched segments in one
+ * transaction, then sync the environment once. A relocated record (vic)
+ * replaces its entry only while that still points into the victim: a
+ * block dropped meanwhile stays dropped. */
+static int commit_group(kvt_cold *c, placed *pl, size_t n, kvt_cold_slice *const *sl,
+                        const uint32_t *touched, size_t n_touched, const victim *vic) {
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
   uint8_t *val = NULL;
   for (size_t i = 0; i < n && !rc; i++) {
+    if (vic) {
+      kvt_cold_entry old;
+      int r = find_locked(c, t, &pl[i].e.key, &old, NULL, 0);
+      pl[i].dead = r || !in_victim(&old, vic);
+      pl[i].old_len = r ? 0 : old.rec_len;
+      if (pl[i].dead) continue;
+    }
     size_t vl = entry_len(pl[i].e.n_layers);
     uint8_t *nv = realloc(val, vl);
     if (!nv) {
@@ -676,13 +727,20 @@ static int commit_group(kvt_cold *c, const placed *pl, size_t n, kvt_cold_slice 
     rc = mdb_err(mdb_put(t, c->db_blocks, &k, &v, 0));
   }
   free(val);
-  for (size_t i = 0; i < n_touched && !rc; i++) rc = seg_save(c, t, touched[i]);
   if (rc) {
     mdb_txn_abort(t);
     return rc;
   }
-  rc = mdb_err(mdb_txn_commit(t));
-  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+  add_live(c, pl, n, vic, 1); /* the segment rows below carry it */
+  for (size_t i = 0; i < n_touched && !rc; i++) rc = seg_save(c, t, touched[i]);
+  if (!rc && vic) rc = seg_save(c, t, vic->id);
+  if (!rc) rc = mdb_err(mdb_txn_commit(t));
+  else mdb_txn_abort(t);
+  if (rc) {
+    add_live(c, pl, n, vic, -1); /* not indexed: not live; its pages are never rewritten */
+    return rc;
+  }
+  return mdb_err(mdb_env_sync(c->env, 1));
 }
 
 static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
@@ -691,13 +749,12 @@ static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
   touched[(*n)++] = id;
 }
 
-static void add_live(kvt_cold *c, const placed *pl, size_t np, int sign) {
-  pthread_mutex_lock(&c->st_lock);
-  for (size_t i = 0; i < np; i++) c->segs[pl[i].seg].live += (uint64_t)(int64_t)sign * pl[i].e.rec_len;
-  pthread_mutex_unlock(&c->st_lock);
-}
-
-static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
+/* Write records as one group: placed in order, written, synced, then
+ * indexed (commit_group). New records (vic NULL) skip keys already indexed
+ * and leave one spare segment for relocations; relocated ones (from
+ * segment vic) may use it. */
+static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       size_t *written) {
   if (written) *written = 0;
   if (n == 0) return 0;
   size_t stage_need = 0, plane_need = 0;
@@ -714,20 +771,20 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
   MDB_txn *rt = NULL;
   if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
-  size_t np = 0, n_touched = 0, n_sealed = 0, stage_off = 0, n_parts = 0;
+  size_t np = 0, n_touched = 0, n_sealed = 0, stage_off = 0, n_parts = 0, done = n;
   for (size_t i = 0; i < n && !rc; i++) {
-    if (key_indexed(c, rt, &recs[i].key)) continue;
+    if (!vic && key_indexed(c, rt, &recs[i].key)) continue;
     uint64_t max = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
     if (max > c->cfg.segment_bytes) {
       rc = KVT_EOPTION; /* a record must fit a segment */
       break;
     }
-    int id = seg_for(c, max, sealed, &n_sealed);
+    int id = seg_for(c, max, vic ? 0 : 1, sealed, &n_sealed);
     if (id < 0) {
       pthread_mutex_lock(&c->st_lock);
       c->st.full_refusals += n - i;
       pthread_mutex_unlock(&c->st_lock);
-      if (np == 0) rc = KVT_EFULL;
+      done = i; /* the records before i are placed or indexed already */
       break;
     }
     placed *p = &pl[np];
@@ -755,7 +812,6 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *
   }
   if (rt) mdb_txn_abort(rt);
   for (size_t i = 0; i < n_sealed; i++) add_touched(touched, &n_touched, sealed[i]);
-  if (!rc || (rc == KVT_EFULL && np)) rc = 0;
   /* One write per piece; pieces adjacent both in memory and on disk merge. */
   kvt_io_req *w = rc ? NULL : calloc(n_parts + 1, sizeof *w);
   size_t nw = 0;
@@ -779,24 +835,17 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *
   if (!rc) rc = kvt_io_run(c->wio, w, nw);
   for (size_t i = 0; !rc && i < n_touched; i++)
     if (c->segs[touched[i]].state != SEG_FREE) rc = kvt_io_sync(c->wio, c->segs[touched[i]].fd);
-  if (!rc) {
-    add_live(c, pl, np, 1);
-    rc = commit_group(c, pl, np, sl, touched, n_touched);
-    if (rc) add_live(c, pl, np, -1); /* not indexed: not live; its pages are never rewritten */
-  }
+  if (!rc) rc = commit_group(c, pl, np, sl, touched, n_touched, vic);
   pthread_mutex_lock(&c->st_lock);
-  if (rc) {
-    c->st.write_failures++;
-  } else {
-    c->st.groups_written++;
+  if (!rc) {
+    c->st.groups_written += np > 0;
     c->st.records_written += np;
-    for (size_t i = 0; i < np; i++) {
-      c->st.bytes_written += pl[i].e.rec_len;
-      c->st.live_bytes += pl[i].e.rec_len;
-    }
+    for (size_t i = 0; i < np; i++) c->st.bytes_written += pl[i].e.rec_len;
   }
+  if (!rc && done < n) rc = KVT_EFULL; /* a group not written in full */
+  if (rc) c->st.write_failures++;
   pthread_mutex_unlock(&c->st_lock);
-  if (!rc && written) *written = np;
+  if (written) *written = !rc || rc == KVT_EFULL ? done : 0;
   for (size_t i = 0; sl && i < np; i++) {
     free(sl[i]);
     free(pl[i].parts);
@@ -991,6 +1040,7 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
   *st = c->st;
   st->evictions = c->evictions;
   st->reclaims = c->reclaims;
+  st->relocated = c->relocated;
   st->records = ms.ms_entries;
   st->segments = c->n_segs;
   st->segment_bytes = c->cfg.segment_bytes;
@@ -1173,15 +1223,14 @@ void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *, const kvt_key *), void *
   c->keep_arg = arg;
 }
 
-/* Would records of these sizes fit, placed in order, without reclaiming? */
-static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n) {
+/* Would records of these sizes fit, placed in order, without reclaiming,
+ * leaving `reserve` spare segments? */
+static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n, uint64_t reserve) {
   uint64_t segb = c->cfg.segment_bytes, room = c->active >= 0 ? segb - c->segs[c->active].used : 0;
-  uint64_t spare = 0; /* whole segments still to be had: free ones and new files */
-  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
-  spare += c->cfg.bytes_limit / segb > c->n_segs ? c->cfg.bytes_limit / segb - c->n_segs : 0;
+  uint64_t spare = spare_segs(c);
   for (size_t i = 0; i < n; i++) {
     if (sizes[i] > room) {
-      if (!spare--) return 0;
+      if (spare-- <= reserve) return 0;
       room = segb;
     }
     room -= sizes[i];
@@ -1189,6 +1238,9 @@ static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n) {
   return 1;
 }
 
+/* The full segment with the fewest live bytes; the one being appended
+ * only when no segment is full (it holds the newest blocks, the likeliest
+ * to be wanted again). */
 static int victim_seg(const kvt_cold *c) {
   int best = -1;
   for (uint32_t id = 0; id < c->n_segs; id++) {
@@ -1196,6 +1248,7 @@ static int victim_seg(const kvt_cold *c) {
     if (s->state != SEG_FULL || s->fd < 0 || (int)id == c->active) continue;
     if (best < 0 || s->live < c->segs[best].live) best = (int)id;
   }
+  if (best < 0 && c->active >= 0 && c->segs[c->active].used > 0) best = c->active;
   return best;
 }
 
@@ -1255,111 +1308,140 @@ static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n
   return rc;
 }
 
+/* Relocate the carried records out of segment vic (write_group), then
+ * remove what is left of vic from the index and free it, in one durable
+ * transaction. A block is never out of the index while it is still
+ * referenced: a kill at any point leaves it at its old place or its new
+ * one. Returns 1 when vic was freed, 0 when it could not be (a relocation
+ * did not fit), or a negative error. */
+static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entry *ents, size_t n,
+                             const carry *cy, size_t n_cy) {
+  int rc = 0;
+  if (n_cy) {
+    kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
+    if (!cr) return -ENOMEM;
+    for (size_t i = 0; i < n_cy; i++) cr[i] = cy[i].rec;
+    rc = write_group(c, cr, n_cy, vic, NULL);
+    free(cr);
+    if (rc) return rc == KVT_EFULL ? 0 : rc;
+  }
+  MDB_txn *t;
+  rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  if (rc) return rc;
+  int freed = 1;
+  for (size_t i = 0; !rc && freed && i < n_cy; i++) { /* every relocation indexed? */
+    kvt_cold_entry cur;
+    freed = find_locked(c, t, &cy[i].rec.key, &cur, NULL, 0) || !in_victim(&cur, vic);
+  }
+  for (size_t i = 0; !rc && freed && i < n; i++) {
+    kvt_cold_entry cur;
+    int r = find_locked(c, t, &ents[i].key, &cur, NULL, 0);
+    if (r == KVT_ENOTFOUND || (!r && !in_victim(&cur, vic))) continue; /* gone or relocated */
+    r = remove_in(c, t, &ents[i].key);
+    if (r && r != KVT_ENOTFOUND) rc = r;
+  }
+  if (!rc && freed) {
+    pthread_mutex_lock(&c->st_lock);
+    c->segs[vic->id].state = SEG_FREE;
+    c->segs[vic->id].live = 0;
+    pthread_mutex_unlock(&c->st_lock);
+    rc = seg_save(c, t, vic->id);
+  }
+  if (!rc && freed) rc = mdb_err(mdb_txn_commit(t));
+  else mdb_txn_abort(t);
+  if (rc) { /* the segment table in memory follows the index again */
+    pthread_mutex_lock(&c->st_lock);
+    if (c->segs[vic->id].state == SEG_FREE) c->segs[vic->id].state = SEG_FULL;
+    pthread_mutex_unlock(&c->st_lock);
+    return rc;
+  }
+  if (freed) rc = mdb_err(mdb_env_sync(c->env, 1)); /* removal durable before reuse */
+  return rc ? rc : freed;
+}
+
 /* Reclaim the full segment with the fewest live bytes: the blocks the
- * engine still references are read back into *carry (to be written again);
- * every entry of the segment leaves the index, durably, before the segment
- * is marked free for reuse. Returns the bytes freed net of what must be
- * rewritten (0: reclaiming cannot help), or a negative error. */
-static int64_t reclaim_one(kvt_cold *c, carry **cy, size_t *n_cy, size_t *cap_cy) {
+ * engine still references are read back and written again elsewhere
+ * first, then every other entry of the segment leaves the index, durably,
+ * before the segment is marked free for reuse. Returns the bytes freed net
+ * of what was rewritten (0: reclaiming cannot help), or a negative error. */
+static int64_t reclaim_one(kvt_cold *c) {
   int id = victim_seg(c);
   if (id < 0) return 0;
+  int was_active = id == c->active;
+  if (was_active) { /* sealed: relocations must go elsewhere */
+    pthread_mutex_lock(&c->st_lock);
+    c->segs[id].state = SEG_FULL;
+    c->active = -1;
+    pthread_mutex_unlock(&c->st_lock);
+  }
+  victim vic = {(uint32_t)id, c->segs[id].gen};
   kvt_cold_entry *ents;
   size_t n;
-  int rc = seg_entries(c, (uint32_t)id, &ents, &n);
+  int rc = seg_entries(c, vic.id, &ents, &n);
   if (rc) return rc;
-  uint64_t kept = 0, n_kept = 0;
+  carry *cy = n ? calloc(n, sizeof *cy) : NULL;
+  uint64_t kept = 0, *sizes = n ? malloc(n * sizeof *sizes) : NULL;
+  size_t n_cy = 0;
+  if (n && (!cy || !sizes)) rc = -ENOMEM;
   for (size_t i = 0; i < n && !rc; i++) {
     if (!c->keep || !c->keep(c->keep_arg, &ents[i].key)) continue;
-    if (*n_cy == *cap_cy) {
-      carry *nc = realloc(*cy, (*cap_cy = *cap_cy ? 2 * *cap_cy : 16) * sizeof *nc);
-      if (!nc) {
-        rc = -ENOMEM;
-        break;
-      }
-      *cy = nc;
-    }
-    carry *x = &(*cy)[(*n_cy)++];
-    *x = (carry){0};
+    carry *x = &cy[n_cy++];
     int r = carry_load(c, &ents[i], x);
     if (r == KVT_ECORRUPT || r == KVT_ENOTFOUND) { /* unreadable: it was lost already */
       carry_free(x, 1);
-      (*n_cy)--;
+      *x = (carry){0};
+      n_cy--;
     } else if (r) {
       rc = r;
     } else {
+      sizes[n_cy - 1] = kvt_cold_record_max(x->rec.n_layers, x->rec.bytes_each);
       kept += ents[i].rec_len;
-      n_kept++;
     }
   }
-  MDB_txn *t = NULL;
-  if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
-  for (size_t i = 0; !rc && i < n; i++) {
-    int r = remove_in(c, t, &ents[i].key);
-    if (r && r != KVT_ENOTFOUND) rc = r;
-  }
   uint64_t live = c->segs[id].live;
-  if (!rc) {
-    pthread_mutex_lock(&c->st_lock);
-    c->segs[id].state = SEG_FREE;
-    c->segs[id].live = 0;
-    pthread_mutex_unlock(&c->st_lock);
-    rc = seg_save(c, t, (uint32_t)id);
-  }
-  if (t && !rc) rc = mdb_err(mdb_txn_commit(t));
-  else if (t) mdb_txn_abort(t);
-  if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1)); /* removal durable before reuse */
+  int freed = 0;
+  /* Worth it only when it frees something, and possible only when the
+   * relocations fit (the spare segment new records leave is for them). */
+  if (!rc && (n_cy == 0 || kept < live) && fits(c, sizes, n_cy, 0))
+    freed = rc = relocate_and_free(c, &vic, ents, n, cy, n_cy);
+  carry_free(cy, n_cy);
+  free(cy);
+  free(sizes);
   free(ents);
-  if (rc) return rc;
+  if (!freed && was_active && c->active < 0 && c->segs[id].state == SEG_FULL) {
+    pthread_mutex_lock(&c->st_lock); /* not reclaimed after all: append to it again */
+    c->segs[id].state = SEG_OPEN;
+    c->active = id;
+    pthread_mutex_unlock(&c->st_lock);
+  }
+  if (rc < 0) return rc;
+  if (!freed) return 0;
   pthread_mutex_lock(&c->st_lock);
   c->reclaims++;
-  c->evictions += n - n_kept; /* the kept ones are written again */
+  c->evictions += n - n_cy; /* the kept ones were written again */
+  c->relocated += n_cy;
   pthread_mutex_unlock(&c->st_lock);
   return live > kept ? (int64_t)(live - kept) : 0;
-}
-
-/* Do the carried and the new records fit, carried ones first? */
-static int group_fits(const kvt_cold *c, const carry *cy, size_t n_cy, const kvt_cold_rec *recs,
-                      size_t n, uint64_t *sizes) {
-  for (size_t i = 0; i < n_cy; i++) sizes[i] = kvt_cold_record_max(cy[i].rec.n_layers, cy[i].rec.bytes_each);
-  for (size_t i = 0; i < n; i++) sizes[n_cy + i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
-  return fits(c, sizes, n_cy + n);
 }
 
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
   if (written) *written = 0;
   if (c->cfg.rdonly) return KVT_ERDONLY;
   if (n == 0) return 0;
-  carry *cy = NULL;
-  size_t n_cy = 0, cap_cy = 0;
-  uint64_t *sizes = NULL;
+  uint64_t *sizes = malloc(n * sizeof *sizes);
+  if (!sizes) return -ENOMEM;
+  for (size_t i = 0; i < n; i++) sizes[i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
   int rc = 0;
-  /* Make room one segment at a time; what must stay is carried along. At
-   * most every segment once: a segment full of kept blocks frees nothing. */
+  /* Make room one segment at a time, while reclaiming helps (at most
+   * every segment once), keeping one spare segment for relocations. */
   for (uint32_t round = 0; !rc && round <= c->n_segs; round++) {
-    uint64_t *ns = realloc(sizes, (n_cy + n + 1) * sizeof *ns);
-    if (!ns) {
-      rc = -ENOMEM;
-      break;
-    }
-    sizes = ns;
-    if (group_fits(c, cy, n_cy, recs, n, sizes) || victim_seg(c) < 0) break;
-    int64_t r = reclaim_one(c, &cy, &n_cy, &cap_cy);
-    if (r < 0) rc = (int)r;
+    if (fits(c, sizes, n, 1)) break;
+    int64_t r = reclaim_one(c);
+    if (r <= 0) rc = (int)r;
+    if (r == 0) break;
   }
   free(sizes);
-  size_t w1 = 0, w2 = 0;
-  if (!rc && n_cy) { /* carried blocks first: they were durable already */
-    kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
-    rc = cr ? 0 : -ENOMEM;
-    for (size_t i = 0; !rc && i < n_cy; i++) cr[i] = cy[i].rec;
-    if (!rc) rc = write_group(c, cr, n_cy, &w1);
-    free(cr);
-  }
-  carry_free(cy, n_cy);
-  free(cy);
-  if (!rc) rc = write_group(c, recs, n, &w2);
-  if (written) *written = w2;
-  return rc;
+  return rc ? rc : write_group(c, recs, n, NULL, written);
 }
 
 /* ---------- asynchronous reads ---------- */

@@ -73,6 +73,7 @@ typedef struct kvt_cold_stats {
   uint64_t full_refusals;          /* records not written: cold tier full */
   uint64_t evictions;              /* entries removed by reclaiming segments */
   uint64_t reclaims;               /* segments reclaimed */
+  uint64_t relocated;              /* referenced records written again by reclaims */
   char backend[32];
   char why[160];
 } kvt_cold_stats;
@@ -94,10 +95,11 @@ int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, cons
                      void *arg);
 
 /* Write a group of records durably: append to segments, fdatasync, commit
- * the index. Records whose key is already indexed are skipped. On failure
- * nothing of the group is in the index. *written (may be NULL) receives
- * how many records were indexed. Writer thread.
- * Returns 0; KVT_EFULL (the tier is full: nothing written); -errno. */
+ * the index. Records whose key is already indexed are skipped. *written
+ * (may be NULL) receives how many leading records are now in the index
+ * (written or there already). Writer thread.
+ * Returns 0 (all of them); KVT_EFULL (the tier is full: only the leading
+ * *written are); -errno (nothing of the group is in the index). */
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written);
 
 /* When the tier is full, kvt_cold_write() reclaims the segment with the
