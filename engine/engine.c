@@ -57,6 +57,7 @@ static int options_check(const kvt_options *o) {
   if (o->tier_bytes_limit[KVT_TIER_NONE] != 0) return KVT_EOPTION;
   if (o->io_backend > KVT_BACKEND_PREAD || o->io_depth == 0 || o->io_depth > 4096) return KVT_EOPTION;
   if (o->cold_compress > 1 || o->cold_group_bytes == 0) return KVT_EOPTION;
+  if (o->cold_admit > KVT_ADMIT_PROMPT) return KVT_EOPTION;
   if (o->tier_bytes_limit[KVT_TIER_COLD]) {
     if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096) return KVT_EOPTION;
     if (o->tier_bytes_limit[KVT_TIER_COLD] / 2 < o->cold_segment_bytes) return KVT_EOPTION;
@@ -777,7 +778,11 @@ int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int ti
   kvt_tier_account(&e->tier[tier], b);
   tb->layers[layer] = b;
   tb->n_present++;
-  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload) {
+  /* Held unless the rule rules it out for now (output under
+   * KVT_ADMIT_PROMPT); a block short of min_seen is held, to be written
+   * if it is seen again while referenced. */
+  int maybe = e->opt.cold_admit != KVT_ADMIT_PROMPT || tb->prompt;
+  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload && maybe) {
     b->held = 1; /* keep the exact bytes until they are written */
     kvt_lblk_pin(e, b);
   }

@@ -35,9 +35,14 @@ static void release_holds(kvt_engine *e, kvt_tblk *tb) {
   kvt_tblk_maybe_free(e, tb);
 }
 
+int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb) {
+  if (e->opt.cold_admit == KVT_ADMIT_PROMPT && !tb->prompt) return 0;
+  return tb->seen >= e->opt.cold_admit_min_seen;
+}
+
 void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
   if (!kvt_cold_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
-  if (tb->seen < e->opt.cold_admit_min_seen) return; /* may be admitted on a later append */
+  if (!kvt_cold_admissible(e, tb)) return; /* may be admitted on a later append */
   for (uint32_t l = 0; l < tb->n_layers; l++) /* the queue relies on every layer's pin */
     if (!tb->layers[l]->held) {
       tb->layers[l]->held = 1;

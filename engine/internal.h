@@ -47,6 +47,7 @@ typedef struct kvt_tblk {
   uint8_t mark;               /* scratch for kvt_drop_prefix */
   uint8_t cold;               /* durable in the cold tier */
   uint8_t queued;             /* waiting for the flusher (its layers pinned) */
+  uint8_t prompt;             /* appended as prompt at least once (admission) */
   uint32_t seen;              /* appends of it (admission) */
   struct kvt_tblk *fq_next;   /* flush queue */
   kvt_lblk *layers[];         /* [n_layers] */
@@ -59,6 +60,7 @@ struct kvt_seq {
   uint32_t n_blocks, cap;
   kvt_tblk **tb;              /* [cap] */
   kvt_lblk **lb;              /* [cap * n_layers], block-major: lb[b * L + l] */
+  int output;                 /* appends are output, not prompt (kvt_seq_output) */
 };
 
 struct kvt_load {
@@ -147,6 +149,7 @@ void kvt_cold_stop(kvt_engine *e);
 /* A layer of tb was just published: queue tb for the cold tier when it is
  * complete in every layer, exact, and admitted. With the lock held. */
 void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
+int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
 int kvt_cold_pending(const kvt_engine *e);
 static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }

@@ -61,6 +61,14 @@ int kvt_seq_create(kvt_engine *e, kvt_ns_id id, kvt_seq **out) {
   return rc;
 }
 
+int kvt_seq_output(kvt_seq *s, int on) {
+  if (!s) return KVT_ENULL;
+  pthread_mutex_lock(&s->e->lock);
+  s->output = on != 0;
+  pthread_mutex_unlock(&s->e->lock);
+  return 0;
+}
+
 int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
   if (!parent || !out) return KVT_ENULL;
   *out = NULL;
@@ -85,6 +93,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
       }
     }
     s->n_blocks = n_blocks;
+    s->output = parent->output;
     seq_link(e, s);
     *out = s;
   }
@@ -193,6 +202,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
     pthread_mutex_lock(&e->lock);
   }
   tb->seen++;
+  tb->prompt |= !s->output;
   tb->seq_refs++;
   s->tb[b] = tb;
   uint32_t present = 0;

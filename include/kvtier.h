@@ -161,6 +161,10 @@ typedef struct kvt_test_fault {
   uint64_t seed;
 } kvt_test_fault;
 
+/** Admission rules of the cold tier (kvt_options.cold_admit). */
+#define KVT_ADMIT_ALL 0    /**< every complete token block */
+#define KVT_ADMIT_PROMPT 1 /**< only blocks some sequence appended as prompt */
+
 /** I/O backends of the cold tier. */
 #define KVT_BACKEND_AUTO 0  /**< io_uring when it works here, else pread/pwrite */
 #define KVT_BACKEND_URING 1 /**< io_uring or fail at open */
@@ -187,7 +191,10 @@ typedef struct kvt_options {
   uint64_t cold_segment_bytes;    /**< one segment file; >= 1 MiB, multiple of 4 KiB (64 MiB) */
   uint64_t cold_group_bytes;      /**< records made durable together, at most (16 MiB) */
   uint64_t cold_index_bytes;      /**< LMDB map size (8 GiB; sparse) */
-  uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all) */
+  uint32_t cold_admit;            /**< KVT_ADMIT_ALL, or KVT_ADMIT_PROMPT: only token blocks
+                                       appended as prompt (see kvt_seq_output()) */
+  uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all);
+                                       both rules must say yes */
   uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16 (0: off;
                                        it costs half the write throughput here for ~14%) */
   uint32_t io_backend;            /**< KVT_BACKEND_* (AUTO) */
@@ -507,6 +514,16 @@ uint32_t kvt_seq_blocks(const kvt_seq *s);
 /** The durable watermark: how many leading token blocks of s are durable
  * (in the cold tier, every layer). 0 without a cold tier. */
 uint32_t kvt_seq_durable(const kvt_seq *s);
+
+/** Say what kvt_seq_append() adds to s from now on: output the model
+ * generated (on = 1) or prompt (on = 0, where a new sequence starts; a
+ * fork starts where its parent is). Under KVT_ADMIT_PROMPT only prompt
+ * blocks are written to the cold tier; an output block becomes a prompt
+ * block when a later sequence appends it as prompt (the next turn of a
+ * conversation), and is written then if its exact layers are still in
+ * RAM. Output blocks are not held in RAM for the cold tier.
+ * @return 0; KVT_ENULL. */
+int kvt_seq_output(kvt_seq *s, int on);
 
 /** Append exactly one token block (n_tokens == block_tokens). Layers whose
  * block is already stored are adopted at once (referenced; put optional).

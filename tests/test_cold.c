@@ -872,6 +872,74 @@ static void admission(uint32_t backend) {
 }
 BOTH(admission)
 
+/* KVT_ADMIT_PROMPT: a sequence's prompt blocks are written, its output
+ * blocks are not (and are not held hot for the flusher); the next turn,
+ * which appends the same blocks as prompt, gets them written. */
+static void admit_prompt(uint32_t backend) {
+  char *dir = tu_tmpdir();
+  kvt_options o;
+  cu_opts(&o, backend);
+  o.cold_admit = KVT_ADMIT_PROMPT;
+  kvt_engine *e = tu_open(dir, &o);
+  kvt_shape sh = tu_shape_small(KVT_F16);
+  kvt_ns_id ns = tu_register(e, "prompt", &sh);
+  uint64_t salt = tu_salt("prompt");
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  uint32_t tok[6][4];
+  for (uint32_t j = 0; j < 6; j++)
+    for (uint32_t i = 0; i < 4; i++) tok[j][i] = 100 * j + i;
+  kvt_seq *a, *b;
+  assert_int_equal(kvt_seq_output(NULL, 1), KVT_ENULL);
+  assert_int_equal(kvt_seq_create(e, ns, &a), 0);
+  for (int j = 0; j < 3; j++) tu_append_put(a, &sh, salt, tok[j], &kv); /* prompt */
+  assert_int_equal(kvt_seq_output(a, 1), 0);
+  for (int j = 3; j < 5; j++) tu_append_put(a, &sh, salt, tok[j], &kv); /* output */
+  assert_int_equal(kvt_sync(e), 0);
+  kvt_stats st;
+  tu_stats(e, &st);
+  assert_int_equal(st.cold_records, 3);
+  assert_int_equal(kvt_seq_durable(a), 3);
+  /* turn two: the whole conversation so far is its prompt */
+  assert_int_equal(kvt_seq_create(e, ns, &b), 0);
+  for (int j = 0; j < 6; j++) tu_append_put(b, &sh, salt, tok[j], &kv);
+  assert_int_equal(kvt_sync(e), 0);
+  tu_stats(e, &st);
+  assert_int_equal(st.cold_records, 6);
+  assert_int_equal(kvt_seq_durable(a), 5);
+  assert_int_equal(kvt_seq_durable(b), 6);
+  kvt_seq_release(a);
+  kvt_seq_release(b);
+  kvt_engine_close(e);
+  /* a fork inherits the output mode; an unknown rule is refused */
+  o.cold_admit = 2;
+  kvt_engine *bad = NULL;
+  assert_int_equal(kvt_engine_open(dir, &o, &bad), KVT_EOPTION);
+  assert_null(bad);
+  o.cold_admit = KVT_ADMIT_PROMPT;
+  e = tu_open(dir, &o);
+  ns = tu_register(e, "prompt", &sh);
+  assert_int_equal(kvt_seq_create(e, ns, &a), 0);
+  assert_int_equal(kvt_seq_output(a, 1), 0);
+  uint32_t fresh[2][4] = {{7, 7, 7, 7}, {8, 8, 8, 8}};
+  tu_append_put(a, &sh, salt, fresh[0], &kv);
+  assert_int_equal(kvt_seq_fork(a, UINT32_MAX, &b), 0);
+  tu_append_put(b, &sh, salt, fresh[1], &kv);
+  assert_int_equal(kvt_sync(e), 0);
+  tu_stats(e, &st);
+  assert_int_equal(st.cold_records, 6); /* neither output block */
+  assert_int_equal(kvt_seq_durable(b), 0);
+  size_t found;
+  assert_int_equal(kvt_lookup(e, ns, &tok[0][0], 24, NULL, 0, &found), 0);
+  assert_int_equal(found, 6);
+  kvt_seq_release(a);
+  kvt_seq_release(b);
+  kvt_engine_close(e);
+  tu_kv_free(&kv);
+  tu_rmtree(dir);
+}
+BOTH(admit_prompt)
+
 /* Store specs of one namespace, each sequence synced (and checked
  * durable) and released. */
 static void store_specs(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, uint64_t salt,
@@ -1430,6 +1498,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(compress_roundtrip_pread),
       cmocka_unit_test(admission_uring),
       cmocka_unit_test(admission_pread),
+      cmocka_unit_test(admit_prompt_uring),
+      cmocka_unit_test(admit_prompt_pread),
       cmocka_unit_test(drop_prefix_durable_uring),
       cmocka_unit_test(drop_prefix_durable_pread),
       cmocka_unit_test(ns_drop_durable_uring),
