@@ -61,14 +61,18 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
 
 int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
 
-/* Take up to group_bytes of queued token blocks (at least one). */
+/* Groups handed to the cold tier at once: it writes one while the one
+ * before is synced and indexed (tiers/cold.c, "the write pipeline"). */
+#define PIPELINE_GROUPS 4
+
+/* Take up to PIPELINE_GROUPS groups of queued token blocks (at least one). */
 static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
   uint64_t bytes = 0;
   size_t n = 0;
   while (e->fq_head && n < max) {
     kvt_tblk *tb = e->fq_head;
     uint64_t b = 2 * (uint64_t)tb->ns->bytes_each * tb->n_layers;
-    if (n && bytes + b > e->opt.cold_group_bytes) break;
+    if (n && bytes + b > PIPELINE_GROUPS * e->opt.cold_group_bytes) break;
     e->fq_head = tb->fq_next;
     if (!e->fq_head) e->fq_tail = NULL;
     out[n++] = tb;
@@ -149,6 +153,7 @@ static void cold_config(const kvt_engine *e, const char *dir, kvt_cold_config *c
   *c = (kvt_cold_config){.dir = dir, .rdonly = kvt_rdonly(e),
                          .bytes_limit = o->tier_bytes_limit[KVT_TIER_COLD],
                          .segment_bytes = o->cold_segment_bytes, .map_bytes = o->cold_index_bytes,
+                         .group_bytes = o->cold_group_bytes,
                          .compress = (int)o->cold_compress, .zstd_level = 1};
   c->io.backend = (int)o->io_backend;
   c->io.depth = o->io_depth;

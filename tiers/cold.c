@@ -50,6 +50,13 @@ struct kvt_cold {
   MDB_dbi db_meta, db_ns, db_blocks, db_segs;
   kvt_io *wio;                 /* the writer's (flusher thread) */
   kvt_io *rio;                 /* synchronous reads, under rd_lock */
+  kvt_io *sio;                 /* the committer's data syncs */
+  /* the write pipeline: chunks written, waiting for sync + index */
+  pthread_t committer;
+  int committer_on, cq_stop, cq_failed;
+  pthread_mutex_t cq_lock;
+  pthread_cond_t cq_cv;
+  struct chunk *cq_head, *cq_tail, *cq_done;
   pthread_mutex_t rd_lock;
   /* asynchronous reads: a reader thread owns aio and serves a queue */
   kvt_io *aio;
@@ -231,6 +238,8 @@ static int kvt_io_exists_seg(const kvt_cold *c, uint32_t id) {
 
 static int reader_start(kvt_cold *c);
 static void reader_stop(kvt_cold *c);
+static int committer_start(kvt_cold *c);
+static void committer_stop(kvt_cold *c);
 
 static int meta_get64(kvt_cold *c, MDB_txn *t, const char *name, uint64_t *v) {
   MDB_val key = {strlen(name), (void *)name}, val;
@@ -365,6 +374,7 @@ static int config_check(const kvt_cold_config *cfg) {
   if (cfg->segment_bytes < (1u << 20) || cfg->segment_bytes % KVT_IO_ALIGN) return KVT_EOPTION;
   if (cfg->bytes_limit / 2 < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION; /* + a spare */
   if (cfg->map_bytes < (1u << 20)) return KVT_EOPTION;
+  if (cfg->group_bytes == 0 && !cfg->rdonly) return KVT_EOPTION;
   if (cfg->zstd_level < -5 || cfg->zstd_level > 19) return KVT_EOPTION;
   if (strlen(cfg->dir) >= 4000) return -ENAMETOOLONG;
   return 0;
@@ -384,16 +394,20 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   c->max_segs = MAX_SEGS;
   pthread_mutex_init(&c->rd_lock, NULL);
   pthread_mutex_init(&c->st_lock, NULL);
+  pthread_mutex_init(&c->cq_lock, NULL);
+  pthread_cond_init(&c->cq_cv, NULL);
   c->segs = kvt_mem_calloc(m, KVT_MEM_OTHER, c->max_segs * sizeof *c->segs);
   if (!c->segs) rc = -ENOMEM;
   for (uint32_t i = 0; !rc && i < c->max_segs; i++) c->segs[i].fd = -1;
   if (!rc) rc = kvt_io_create(&cfg->io, &c->rio);
   if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->wio);
+  if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->sio);
   if (!rc && !cfg->rdonly && !(c->cctx = ZSTD_createCCtx())) rc = -ENOMEM;
   if (!rc) rc = kvt_io_create(&cfg->io, &c->aio);
   if (!rc) rc = open_env(c);
   if (!rc) rc = open_dbs(c);
   if (!rc) rc = reader_start(c);
+  if (!rc && !cfg->rdonly) rc = committer_start(c);
   if (rc) {
     kvt_cold_close(c);
     return rc;
@@ -406,6 +420,7 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
 
 void kvt_cold_close(kvt_cold *c) {
   if (!c) return;
+  committer_stop(c); /* idle: every write_group waited for its chunks */
   reader_stop(c);
   for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
     if (c->segs[i].fd >= 0) kvt_io_close(c->wio ? c->wio : c->rio, c->segs[i].fd);
@@ -414,6 +429,7 @@ void kvt_cold_close(kvt_cold *c) {
     mdb_env_close(c->env);
   }
   kvt_io_destroy(c->wio);
+  kvt_io_destroy(c->sio);
   kvt_io_destroy(c->rio);
   kvt_io_destroy(c->aio);
   ZSTD_freeCCtx(c->cctx);
@@ -423,6 +439,8 @@ void kvt_cold_close(kvt_cold *c) {
   if (c->segs) kvt_mem_free(c->mem, KVT_MEM_OTHER, c->segs, c->max_segs * sizeof *c->segs);
   pthread_mutex_destroy(&c->rd_lock);
   pthread_mutex_destroy(&c->st_lock);
+  pthread_mutex_destroy(&c->cq_lock);
+  pthread_cond_destroy(&c->cq_cv);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, c, sizeof *c);
 }
 
@@ -749,30 +767,136 @@ static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
   touched[(*n)++] = id;
 }
 
-/* Write records as one group: placed in order, written, synced, then
- * indexed (commit_group). New records (vic NULL) skip keys already indexed
- * and leave one spare segment for relocations; relocated ones (from
- * segment vic) may use it. */
-static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
-                       size_t *written) {
-  if (written) *written = 0;
-  if (n == 0) return 0;
-  size_t stage_need = 0, plane_need = 0;
-  for (size_t i = 0; i < n; i++) {
-    stage_need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
-    size_t pn = 2 * (size_t)recs[i].bytes_each + ZSTD_compressBound(4096);
-    if (pn > plane_need) plane_need = pn;
+/* ---------- the write pipeline ----------
+ *
+ * A call of write_group cuts its records into chunks of at most
+ * cfg.group_bytes. The calling (flusher) thread places, builds and writes
+ * each chunk, then hands it to the committer thread, which fdatasyncs the
+ * chunk's segments (through its own I/O context) and commits its index
+ * entries (commit_group), in chunk order; meanwhile the flusher writes the
+ * next chunk. So the device is writing while the previous chunk's flushes
+ * and LMDB commit run, and the durability order of each chunk is as
+ * before: written, synced, then indexed. Once a chunk fails, the chunks
+ * after it are not committed (their pages are skipped forever). write_group
+ * returns when every chunk it handed over is done. */
+
+typedef struct chunk {
+  placed *pl;
+  kvt_cold_slice **sl;
+  uint32_t *touched;
+  size_t np, n_touched;
+  size_t upto;                /* records of the call settled once this commits */
+  const victim *vic;
+  int rc;                     /* committer's result */
+  struct chunk *next;
+} chunk;
+
+static void chunk_free(chunk *k) {
+  if (!k) return;
+  for (size_t i = 0; k->sl && i < k->np; i++) {
+    free(k->sl[i]);
+    free(k->pl[i].parts);
   }
-  placed *pl = calloc(n, sizeof *pl);
-  kvt_cold_slice **sl = calloc(n, sizeof *sl);
-  uint32_t *touched = calloc(2 * n + 2, sizeof *touched), *sealed = calloc(n + 1, sizeof *sealed);
-  int rc = (!pl || !sl || !touched || !sealed) ? -ENOMEM : 0;
+  free(k->pl);
+  free(k->sl);
+  free(k->touched);
+  free(k);
+}
+
+/* Committer: sync what the chunk wrote, then index it. */
+static int chunk_commit(kvt_cold *c, chunk *k) {
+  int rc = 0;
+  if (k->np == 0 && k->n_touched == 0) return 0; /* a marker: settles in order */
+  for (size_t i = 0; !rc && i < k->n_touched; i++) {
+    pthread_mutex_lock(&c->st_lock);
+    int fd = c->segs[k->touched[i]].state != SEG_FREE ? c->segs[k->touched[i]].fd : -1;
+    pthread_mutex_unlock(&c->st_lock);
+    if (fd >= 0) rc = kvt_io_sync(c->sio, fd);
+  }
+  if (!rc) rc = commit_group(c, k->pl, k->np, k->sl, k->touched, k->n_touched, k->vic);
+  pthread_mutex_lock(&c->st_lock);
+  if (!rc) {
+    c->st.groups_written += k->np > 0;
+    c->st.records_written += k->np;
+    for (size_t i = 0; i < k->np; i++) c->st.bytes_written += k->pl[i].e.rec_len;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+static void *committer_main(void *arg) {
+  kvt_cold *c = arg;
+  pthread_mutex_lock(&c->cq_lock);
+  for (;;) {
+    while (!c->cq_head && !c->cq_stop) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+    if (!c->cq_head) break;
+    chunk *k = c->cq_head;
+    int failed = c->cq_failed;
+    pthread_mutex_unlock(&c->cq_lock);
+    k->rc = failed ? failed : chunk_commit(c, k);
+    pthread_mutex_lock(&c->cq_lock);
+    if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
+    c->cq_head = k->next;
+    if (!c->cq_head) c->cq_tail = NULL;
+    k->next = c->cq_done;
+    c->cq_done = k;
+    pthread_cond_broadcast(&c->cq_cv);
+  }
+  pthread_mutex_unlock(&c->cq_lock);
+  return NULL;
+}
+
+static int committer_start(kvt_cold *c) {
+  int rc = -pthread_create(&c->committer, NULL, committer_main, c);
+  if (!rc) c->committer_on = 1;
+  return rc;
+}
+
+static void committer_stop(kvt_cold *c) {
+  if (!c->committer_on) return;
+  pthread_mutex_lock(&c->cq_lock);
+  c->cq_stop = 1;
+  pthread_cond_broadcast(&c->cq_cv);
+  pthread_mutex_unlock(&c->cq_lock);
+  pthread_join(c->committer, NULL);
+  c->committer_on = 0;
+}
+
+/* Place, build and write records from recs[0] on, up to group_bytes of
+ * them (at least one). *used: records looked at (placed, or skipped as
+ * indexed); *full: the tier had no room for recs[*used]. Returns 0 with
+ * *out the chunk (NULL when nothing was placed), or an error (nothing of
+ * it will be indexed). */
+static int chunk_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       chunk **out, size_t *used, int *full) {
+  *out = NULL;
+  *used = 0;
+  *full = 0;
+  size_t m = 0, stage_need = 0, plane_need = 0;
+  while (m < n) { /* the chunk's records */
+    uint64_t max = kvt_cold_record_max(recs[m].n_layers, recs[m].bytes_each);
+    if (m && stage_need + max > c->cfg.group_bytes) break;
+    stage_need += max;
+    size_t pn = 2 * (size_t)recs[m].bytes_each + ZSTD_compressBound(4096);
+    if (pn > plane_need) plane_need = pn;
+    m++;
+  }
+  chunk *k = calloc(1, sizeof *k);
+  uint32_t *sealed = calloc(m + 1, sizeof *sealed);
+  int rc = k && sealed ? 0 : -ENOMEM;
+  if (!rc) {
+    k->pl = calloc(m, sizeof *k->pl);
+    k->sl = calloc(m, sizeof *k->sl);
+    k->touched = calloc(2 * m + 2, sizeof *k->touched);
+    k->vic = vic;
+    if (!k->pl || !k->sl || !k->touched) rc = -ENOMEM;
+  }
   if (!rc) rc = ensure(c, &c->stage, &c->stage_cap, stage_need);
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
   MDB_txn *rt = NULL;
   if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
-  size_t np = 0, n_touched = 0, n_sealed = 0, stage_off = 0, n_parts = 0, done = n;
-  for (size_t i = 0; i < n && !rc; i++) {
+  size_t np = 0, n_sealed = 0, stage_off = 0, n_parts = 0, i = 0;
+  for (; i < m && !rc; i++) {
     if (!vic && key_indexed(c, rt, &recs[i].key)) continue;
     uint64_t max = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
     if (max > c->cfg.segment_bytes) {
@@ -784,14 +908,14 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       pthread_mutex_lock(&c->st_lock);
       c->st.full_refusals += n - i;
       pthread_mutex_unlock(&c->st_lock);
-      done = i; /* the records before i are placed or indexed already */
+      *full = 1;
       break;
     }
-    placed *p = &pl[np];
-    sl[np] = malloc(recs[i].n_layers * sizeof **sl);
+    placed *p = &k->pl[np];
+    k->sl[np] = malloc(recs[i].n_layers * sizeof **k->sl);
     p->parts = malloc((recs[i].n_layers + 1) * sizeof *p->parts);
-    if (!sl[np] || !p->parts) {
-      free(sl[np]);
+    if (!k->sl[np] || !p->parts) {
+      free(k->sl[np]);
       free(p->parts);
       rc = -ENOMEM;
       break;
@@ -800,27 +924,31 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     p->seg = (uint32_t)id;
     p->off = s->used;
     size_t staged;
-    uint32_t len = build_record(c, &recs[i], s->gen, c->stage + stage_off, &p->e, sl[np], p->parts,
-                                &staged);
+    uint32_t len = build_record(c, &recs[i], s->gen, c->stage + stage_off, &p->e, k->sl[np],
+                                p->parts, &staged);
     p->e.seg = (uint32_t)id;
     p->e.offset = p->off;
+    pthread_mutex_lock(&c->st_lock); /* the committer saves segment rows */
     s->used += len;
+    pthread_mutex_unlock(&c->st_lock);
     stage_off += staged;
     n_parts += recs[i].n_layers + 1;
-    add_touched(touched, &n_touched, (uint32_t)id);
-    np++;
+    add_touched(k->touched, &k->n_touched, (uint32_t)id);
+    k->np = ++np;
   }
+  *used = i;
   if (rt) mdb_txn_abort(rt);
-  for (size_t i = 0; i < n_sealed; i++) add_touched(touched, &n_touched, sealed[i]);
+  for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
+  free(sealed);
   /* One write per piece; pieces adjacent both in memory and on disk merge. */
   kvt_io_req *w = rc ? NULL : calloc(n_parts + 1, sizeof *w);
   size_t nw = 0;
   if (!rc && !w) rc = -ENOMEM;
-  for (size_t i = 0; !rc && i < np; i++) {
-    uint64_t off = pl[i].off;
-    int fd = c->segs[pl[i].seg].fd;
-    for (uint32_t k = 0; k <= pl[i].e.n_layers; k++) {
-      const part *pt = &pl[i].parts[k];
+  for (size_t j = 0; !rc && j < np; j++) {
+    uint64_t off = k->pl[j].off;
+    int fd = c->segs[k->pl[j].seg].fd;
+    for (uint32_t l = 0; l <= k->pl[j].e.n_layers; l++) {
+      const part *pt = &k->pl[j].parts[l];
       kvt_io_req *last = nw ? &w[nw - 1] : NULL;
       if (last && last->fd == fd && last->off + last->len == off &&
           (const uint8_t *)last->buf + last->len == pt->buf && (uint64_t)last->len + pt->len < (1u << 30)) {
@@ -833,28 +961,97 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     }
   }
   if (!rc) rc = kvt_io_run(c->wio, w, nw);
-  for (size_t i = 0; !rc && i < n_touched; i++)
-    if (c->segs[touched[i]].state != SEG_FREE) rc = kvt_io_sync(c->wio, c->segs[touched[i]].fd);
-  if (!rc) rc = commit_group(c, pl, np, sl, touched, n_touched, vic);
-  pthread_mutex_lock(&c->st_lock);
-  if (!rc) {
-    c->st.groups_written += np > 0;
-    c->st.records_written += np;
-    for (size_t i = 0; i < np; i++) c->st.bytes_written += pl[i].e.rec_len;
-  }
-  if (!rc && done < n) rc = KVT_EFULL; /* a group not written in full */
-  if (rc) c->st.write_failures++;
-  pthread_mutex_unlock(&c->st_lock);
-  if (written) *written = !rc || rc == KVT_EFULL ? done : 0;
-  for (size_t i = 0; sl && i < np; i++) {
-    free(sl[i]);
-    free(pl[i].parts);
-  }
   free(w);
-  free(pl);
-  free(sl);
-  free(touched);
-  free(sealed);
+  if (rc || (np == 0 && k && k->n_touched == 0)) {
+    chunk_free(k);
+    return rc;
+  }
+  *out = k;
+  return 0;
+}
+
+/* Hand chunk k to the committer. */
+static void chunk_post(kvt_cold *c, chunk *k) {
+  pthread_mutex_lock(&c->cq_lock);
+  k->next = NULL;
+  if (c->cq_tail) c->cq_tail->next = k;
+  else c->cq_head = k;
+  c->cq_tail = k;
+  pthread_cond_broadcast(&c->cq_cv);
+  pthread_mutex_unlock(&c->cq_lock);
+}
+
+/* Wait until the committer has done every chunk posted; settle them:
+ * *done (records settled by the leading chunks that committed) and the
+ * first failure. The failure flag is cleared for the next call. */
+static int chunks_wait(kvt_cold *c, size_t *done) {
+  pthread_mutex_lock(&c->cq_lock);
+  while (c->cq_head) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+  chunk *list = c->cq_done;
+  c->cq_done = NULL;
+  c->cq_failed = 0;
+  pthread_mutex_unlock(&c->cq_lock);
+  chunk *rev = NULL; /* oldest first */
+  while (list) {
+    chunk *nx = list->next;
+    list->next = rev;
+    rev = list;
+    list = nx;
+  }
+  int rc = 0;
+  for (chunk *k = rev; k;) {
+    chunk *nx = k->next;
+    if (!rc && k->rc) rc = k->rc;
+    if (!rc) *done = k->upto;
+    chunk_free(k);
+    k = nx;
+  }
+  return rc;
+}
+
+/* Write records as groups of at most group_bytes: placed in order,
+ * written, synced, then indexed (the pipeline above). New records (vic
+ * NULL) skip keys already indexed and leave one spare segment for
+ * relocations; relocated ones (from segment vic) may use it. *written:
+ * the leading records now indexed. */
+static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       size_t *written) {
+  if (written) *written = 0;
+  if (n == 0) return 0;
+  size_t at = 0, done = 0;
+  int rc = 0, full = 0;
+  while (at < n && !rc && !full) {
+    pthread_mutex_lock(&c->cq_lock);
+    int failed = c->cq_failed; /* the rest would not be committed */
+    pthread_mutex_unlock(&c->cq_lock);
+    if (failed) break;
+    chunk *k;
+    size_t used;
+    rc = chunk_write(c, recs + at, n - at, vic, &k, &used, &full);
+    at += used;
+    if (rc) break;
+    if (!k) { /* nothing to write: settled once what came before is */
+      pthread_mutex_lock(&c->cq_lock);
+      int busy = c->cq_head != NULL;
+      pthread_mutex_unlock(&c->cq_lock);
+      if (!busy) done = at;
+      else if (!(k = calloc(1, sizeof *k))) rc = -ENOMEM;
+    }
+    if (k) {
+      k->upto = at;
+      chunk_post(c, k);
+    }
+  }
+  size_t settled = done;
+  int crc = chunks_wait(c, &settled);
+  if (!rc) rc = crc;
+  if (!rc && settled < n) rc = KVT_EFULL; /* a group not written in full */
+  if (rc) {
+    pthread_mutex_lock(&c->st_lock);
+    c->st.write_failures++;
+    pthread_mutex_unlock(&c->st_lock);
+  }
+  if (written) *written = settled;
   return rc;
 }
 

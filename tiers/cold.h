@@ -28,6 +28,7 @@ typedef struct kvt_cold_config {
   uint64_t bytes_limit;        /* segment files may total at most this */
   uint64_t segment_bytes;      /* size of one segment file */
   uint64_t map_bytes;          /* LMDB map size */
+  uint64_t group_bytes;        /* records synced and indexed together, at most */
   int compress;                /* 1: zstd on byte planes where it saves >= 1/16 */
   int zstd_level;
   kvt_io_config io;
@@ -98,8 +99,10 @@ int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, cons
  * the index. Records whose key is already indexed are skipped. *written
  * (may be NULL) receives how many leading records are now in the index
  * (written or there already). Writer thread.
- * Returns 0 (all of them); KVT_EFULL (the tier is full: only the leading
- * *written are); -errno (nothing of the group is in the index). */
+ * Returns 0 (all of them); KVT_EFULL (the tier is full) or another error:
+ * only the leading *written are. Records are written in groups of at most
+ * group_bytes, the next group written while the one before is synced and
+ * indexed by the committer thread. */
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written);
 
 /* When the tier is full, kvt_cold_write() reclaims the segment with the
