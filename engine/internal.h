@@ -18,6 +18,7 @@
 #include "engine/mem.h"
 #include "kvtier.h"
 #include "tiers/cold.h"
+#include "tiers/cold_meta.h"
 #include "tiers/tier.h"
 
 typedef struct kvt_nsrec {
@@ -102,6 +103,8 @@ struct kvt_engine {
   kvt_tblk *fq_head, *fq_tail;
   uint64_t enqueued, completed; /* token blocks ever queued / finished */
   int cold_err;               /* first failure since the last kvt_sync */
+  /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
+  kvt_cold_meta *mcold;
 };
 
 static inline int kvt_rdonly(const kvt_engine *e) { return (e->opt.flags & KVT_OPEN_RDONLY) != 0; }
@@ -153,6 +156,17 @@ int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admissi
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
 int kvt_cold_pending(const kvt_engine *e);
 static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
+/* A cold tier that durable blocks may leave RAM for: on disk, or metadata-only. */
+static inline int kvt_cold_any(const kvt_engine *e) { return kvt_cold_on(e) || e->mcold != NULL; }
+/* Is key in the cold tier? A hit is a use. Takes the engine lock for the
+ * metadata-only tier; call without it. */
+int kvt_cold_has(kvt_engine *e, const kvt_key *key);
+/* engine.c: a layer block that can never fit the hot tier, in a
+ * metadata-only engine with a cold tier and no warm one, is published
+ * straight into the cold tier (a descriptor only). With the lock held. */
+int kvt_born_cold(const kvt_engine *e, size_t bytes_each);
+void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
+int kvt_mcold_start(kvt_engine *e);
 
 /* seq.c */
 void kvt_seq_free_locked(kvt_seq *s);

@@ -200,7 +200,22 @@ typedef struct kvt_options {
   uint32_t io_backend;            /**< KVT_BACKEND_* (AUTO) */
   uint32_t io_depth;              /**< queue depth, 1 .. 4096 (64) */
   kvt_test_fault test_fault;      /**< testing: I/O faults in the cold tier */
+  uint32_t cold_evict;            /**< KVT_EVICT_*: which blocks the cold tier gives up
+                                       first when full (KVT_EVICT_CHAIN) */
+  uint32_t pad;
 } kvt_options;
+
+/** Orders in which the cold tier gives up token blocks when it is full
+ * (kvt_options.cold_evict). Blocks still referenced by a sequence are
+ * never given up. */
+#define KVT_EVICT_CHAIN 0      /**< tails of prefix chains first (a block is useless
+                                    without its prefix): only blocks with no stored
+                                    child are candidates; a chain's tail as written
+                                    (never used or extended since) goes first, as a
+                                    request's partial last block is rarely asked for
+                                    again; then the least recently used (default) */
+#define KVT_EVICT_LRU 1        /**< plain least recently used, for comparison */
+#define KVT_EVICT_CHAIN_LEAF 2 /**< chain tails, least recently used, no probation */
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
 #define KVT_OPEN_RDONLY 0x1u
@@ -208,7 +223,15 @@ typedef struct kvt_options {
  * differences in kvt_stats.dedup_mismatches (the stored copy is kept). */
 #define KVT_OPEN_VERIFY_DEDUP 0x2u
 /** Metadata-only: blocks carry sizes, not payloads; puts take NULL data and
- * reads fail with KVT_ENOPAYLOAD. For capacity planning (kvtier plan). */
+ * reads fail with KVT_ENOPAYLOAD. For capacity planning (kvtier plan).
+ * The directory may then be NULL: nothing is read or written on disk.
+ * With a cold limit, the cold tier is an in-memory index of token-block
+ * records (their on-disk sizes, kvt_cold_record_bytes()) under that limit,
+ * evicted in the kvt_options.cold_evict order, with no files and no
+ * syncs: a token block is written to it as soon as it is complete in
+ * every layer and admitted. A put that can never fit the hot tier (its
+ * limit below one layer block) and finds no warm tier goes straight to
+ * the cold tier: the caller computed the block and kvtier only stores it. */
 #define KVT_OPEN_METADATA_ONLY 0x4u
 /** Do not create the directory when it does not exist. */
 #define KVT_OPEN_NOCREATE 0x8u
@@ -319,6 +342,8 @@ void kvt_options_init(kvt_options *opt);
  * A writer holds an exclusive flock() on dir/LOCK until kvt_engine_close();
  * the kernel drops it when the process dies, so a killed writer leaves no
  * stale lock. A read-only open takes no lock.
+ * @param dir may be NULL for a metadata-only engine (KVT_OPEN_METADATA_ONLY):
+ *   no directory, no lock.
  * @param opt may be NULL for the defaults; copied, not kept.
  * @param out receives the engine; on failure set to NULL.
  * @return 0; KVT_ENULL; KVT_EOPTION; KVT_ELOCKED when another process holds
@@ -592,6 +617,11 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
                    float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks);
 
 /** @} */
+
+/** Bytes one token block of shape s takes in the cold tier on disk, at
+ * most (record header, every layer's slice 4 KiB aligned, uncompressed);
+ * 0 for an invalid shape. Capacity planning divides cold limits by it. */
+uint64_t kvt_cold_record_bytes(const kvt_shape *s);
 
 /** Size of one element of dtype in bytes, 0 for an unknown dtype. */
 size_t kvt_dtype_size(uint32_t dtype);

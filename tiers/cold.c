@@ -14,6 +14,7 @@
 #include <zstd.h>
 
 #include "tiers/cold.h"
+#include "tiers/evict.h"
 #include "tiers/hash.h"
 
 #define FORMAT_VERSION 1u
@@ -75,7 +76,16 @@ struct kvt_cold {
   uint8_t *plane;              /* writer's scratch for one byte plane */
   size_t plane_cap;
   kvt_cold_stats st;
+  kvt_evict *ev;               /* eviction order of the indexed blocks (a writer's) */
+  pthread_mutex_t ev_lock;     /* ev; taken alone, never with another lock */
+  uint64_t ev_evictions;       /* blocks invalidated by the order */
+  int ev_on;                   /* ev_lock initialized */
 };
+
+static int evict_start(kvt_cold *c);
+static void evict_stop(kvt_cold *c);
+static void evict_touch(kvt_cold *c, const kvt_key *key);
+static void evict_forget(kvt_cold *c, const kvt_key *key);
 
 /* ---------- little-endian helpers ---------- */
 
@@ -408,6 +418,7 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   if (!rc) rc = open_dbs(c);
   if (!rc) rc = reader_start(c);
   if (!rc && !cfg->rdonly) rc = committer_start(c);
+  if (!rc) rc = evict_start(c);
   if (rc) {
     kvt_cold_close(c);
     return rc;
@@ -422,6 +433,7 @@ void kvt_cold_close(kvt_cold *c) {
   if (!c) return;
   committer_stop(c); /* idle: every write_group waited for its chunks */
   reader_stop(c);
+  evict_stop(c);
   for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
     if (c->segs[i].fd >= 0) kvt_io_close(c->wio ? c->wio : c->rio, c->segs[i].fd);
   if (c->env) {
@@ -1077,6 +1089,7 @@ int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e) {
   if (rc) return rc;
   rc = find_locked(c, t, key, e, NULL, 0);
   mdb_txn_abort(t);
+  if (!rc) evict_touch(c, key); /* a lookup of it: a use */
   return rc;
 }
 
@@ -1086,6 +1099,7 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
   size_t i = 0;
   while (i < n && key_indexed(c, t, &keys[i])) i++;
   mdb_txn_abort(t);
+  for (size_t k = 0; k < i; k++) evict_touch(c, &keys[k]);
   return i;
 }
 
@@ -1204,6 +1218,7 @@ static int remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key) {
   if (rc) return rc;
   rc = mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
   if (rc) return rc;
+  evict_forget(c, key);
   pthread_mutex_lock(&c->st_lock);
   if (e.seg < c->n_segs && c->segs[e.seg].gen == e.seg_gen && c->segs[e.seg].live >= e.rec_len)
     c->segs[e.seg].live -= e.rec_len;
@@ -1235,7 +1250,7 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
   }
   pthread_mutex_lock(&c->st_lock);
   *st = c->st;
-  st->evictions = c->evictions;
+  st->evictions = c->evictions + c->ev_evictions;
   st->reclaims = c->reclaims;
   st->relocated = c->relocated;
   st->records = ms.ms_entries;
@@ -1825,4 +1840,121 @@ void kvt_cold_read_wait(kvt_cold_batch *b) {
   pthread_mutex_destroy(&b->m);
   pthread_cond_destroy(&b->cv);
   free(b);
+}
+
+/* ---------- eviction order (tiers/evict.h) ----------
+ * The index knows where blocks are; evict.c knows which to give up first.
+ * It tracks every indexed block of a writer (key, parent, record size):
+ * loaded from the index at open, told of new records by kvt_cold_track(),
+ * of uses by kvt_cold_find() and kvt_cold_prefix(), of removals by
+ * remove_in(). Records that reclaiming a segment relocates (still
+ * referenced) keep their key and their place in it. ev_lock is a leaf
+ * lock: keep() (which takes the engine lock) is never called with it
+ * held. */
+
+static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
+  kvt_cold *c = arg;
+  (void)v;
+  if (!e) return 0; /* unparsable: fsck's business, never chosen */
+  int rc = kvt_evict_add(c->ev, key, &e->parent, e->rec_len);
+  return rc == -EEXIST ? 0 : rc;
+}
+
+static int evict_start(kvt_cold *c) {
+  if (c->cfg.rdonly) return 0;
+  pthread_mutex_init(&c->ev_lock, NULL);
+  c->ev_on = 1;
+  int rc = kvt_evict_create(c->mem, KVT_MEM_INDEX, c->cfg.evict_policy, &c->ev);
+  if (!rc) rc = each_entry(c, evict_load_one, c);
+  return rc;
+}
+
+static void evict_stop(kvt_cold *c) {
+  if (!c->ev_on) return;
+  kvt_evict_free(c->ev);
+  c->ev = NULL;
+  pthread_mutex_destroy(&c->ev_lock);
+}
+
+static void evict_touch(kvt_cold *c, const kvt_key *key) {
+  if (!c->ev) return;
+  pthread_mutex_lock(&c->ev_lock);
+  kvt_evict_touch(c->ev, key);
+  pthread_mutex_unlock(&c->ev_lock);
+}
+
+static void evict_forget(kvt_cold *c, const kvt_key *key) {
+  if (!c->ev) return;
+  pthread_mutex_lock(&c->ev_lock);
+  kvt_evict_remove(c->ev, key, NULL);
+  pthread_mutex_unlock(&c->ev_lock);
+}
+
+void kvt_cold_track(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
+  if (!c->ev || n == 0) return;
+  MDB_txn *t;
+  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return;
+  for (size_t i = 0; i < n; i++) {
+    kvt_cold_entry e;
+    if (find_locked(c, t, &recs[i].key, &e, NULL, 0)) continue; /* not written */
+    pthread_mutex_lock(&c->ev_lock);
+    kvt_evict_add(c->ev, &e.key, &e.parent, e.rec_len); /* -ENOMEM: untracked, reclaimable */
+    pthread_mutex_unlock(&c->ev_lock);
+  }
+  mdb_txn_abort(t);
+}
+
+/* Keys found kept while choosing victims, so the order skips them. */
+typedef struct kept_set {
+  kvt_key *v;
+  size_t n, cap;
+} kept_set;
+
+static int in_kept(void *arg, const kvt_key *key) {
+  const kept_set *k = arg;
+  for (size_t i = 0; i < k->n; i++)
+    if (memcmp(k->v[i].b, key->b, 16) == 0) return 1;
+  return 0;
+}
+
+#define KEPT_MAX 4096 /* referenced blocks looked past before giving up */
+
+int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
+  if (!c->ev || c->cfg.rdonly) return 0;
+  uint64_t segb = c->cfg.segment_bytes, lim = c->cfg.bytes_limit;
+  uint64_t room = lim > 2 * segb ? lim - segb : lim / 2; /* a segment's slack for reclaiming */
+  uint64_t target = need < room ? room - need : 0;
+  pthread_mutex_lock(&c->st_lock);
+  uint64_t live = c->st.live_bytes;
+  pthread_mutex_unlock(&c->st_lock);
+  kept_set kept = {0};
+  kvt_key *gone = NULL;
+  size_t n_gone = 0, cap_gone = 0;
+  int rc = 0;
+  while (live > target && kept.n < KEPT_MAX) {
+    kvt_key v;
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&c->ev_lock);
+    int r = kvt_evict_victim(c->ev, in_kept, &kept, &v, &bytes);
+    pthread_mutex_unlock(&c->ev_lock);
+    if (r) break; /* everything left is referenced */
+    if (c->keep && c->keep(c->keep_arg, &v)) { /* referenced: look past it */
+      if ((rc = grow(&kept.v, &kept.cap, kept.n, sizeof *kept.v))) break;
+      kept.v[kept.n++] = v;
+      continue;
+    }
+    if ((rc = grow(&gone, &cap_gone, n_gone, sizeof *gone))) break;
+    gone[n_gone++] = v;
+    evict_forget(c, &v);
+    live = live > bytes ? live - bytes : 0;
+  }
+  uint64_t removed = 0;
+  if (!rc && n_gone) rc = remove_keys(c, gone, n_gone, NULL, &removed); /* durable, one txn */
+  free(kept.v);
+  free(gone);
+  if (rc) return rc;
+  pthread_mutex_lock(&c->st_lock);
+  c->ev_evictions += removed;
+  pthread_mutex_unlock(&c->st_lock);
+  return (int64_t)removed;
 }

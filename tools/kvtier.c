@@ -23,6 +23,9 @@ static const command commands[] = {
     {"bench", cmd_bench, bench_usage,
      "measure sharing (bench share), hot-tier speed (bench hot), the warm codecs' speed\n"
      "           and error (bench codec), the cold tier against the raw disk (bench cold)"},
+    {"plan", cmd_plan, plan_usage,
+     "capacity planning: what fits in each tier, and the prefix-hit rate a trace gets\n"
+     "           replayed through the engine's own eviction (--sweep over cold capacities)"},
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,
