@@ -52,12 +52,20 @@ struct kvt_cold {
   kvt_io *wio;                 /* the writer's (flusher thread) */
   kvt_io *rio;                 /* synchronous reads, under rd_lock */
   kvt_io *sio;                 /* the committer's data syncs */
-  /* the write pipeline: chunks written, waiting for sync + index */
-  pthread_t committer;
-  int committer_on, cq_stop, cq_failed;
+  /* the write pipeline (see write_group): chunks built by the flusher,
+   * written by the writer thread, synced and indexed by the committer;
+   * one lock and condition for both queues and the staging buffers */
+  pthread_t writer, committer;
+  int writer_on, committer_on, cq_stop, cq_failed;
   pthread_mutex_t cq_lock;
   pthread_cond_t cq_cv;
-  struct chunk *cq_head, *cq_tail, *cq_done;
+  struct chunk *wq_head, *wq_tail;        /* built, to be written */
+  struct chunk *cq_head, *cq_tail;        /* written, to be synced and indexed */
+  struct chunk *cq_done;                  /* settled, newest first */
+  size_t in_flight;                       /* chunks posted and not settled */
+  uint8_t *stage[2];                      /* staging buffers, one per chunk in flight */
+  size_t stage_cap[2];
+  int stage_busy[2];
   pthread_mutex_t rd_lock;
   /* asynchronous reads: a reader thread owns aio and serves a queue */
   kvt_io *aio;
@@ -71,8 +79,6 @@ struct kvt_cold {
   uint32_t n_segs, max_segs;
   int active;                  /* segment being appended, or -1 */
   ZSTD_CCtx *cctx;             /* writer */
-  uint8_t *stage;              /* writer's staging buffer */
-  size_t stage_cap;
   uint8_t *plane;              /* writer's scratch for one byte plane */
   size_t plane_cap;
   kvt_cold_stats st;
@@ -445,9 +451,11 @@ void kvt_cold_close(kvt_cold *c) {
   kvt_io_destroy(c->rio);
   kvt_io_destroy(c->aio);
   ZSTD_freeCCtx(c->cctx);
-  kvt_io_buf_free(c->stage);
+  kvt_io_buf_free(c->stage[0]);
+  kvt_io_buf_free(c->stage[1]);
   kvt_io_buf_free(c->plane);
-  kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)(c->stage_cap + c->plane_cap));
+  kvt_mem_note(c->mem, KVT_MEM_OTHER,
+               -(int64_t)(c->stage_cap[0] + c->stage_cap[1] + c->plane_cap));
   if (c->segs) kvt_mem_free(c->mem, KVT_MEM_OTHER, c->segs, c->max_segs * sizeof *c->segs);
   pthread_mutex_destroy(&c->rd_lock);
   pthread_mutex_destroy(&c->st_lock);
@@ -782,24 +790,29 @@ static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
 /* ---------- the write pipeline ----------
  *
  * A call of write_group cuts its records into chunks of at most
- * cfg.group_bytes. The calling (flusher) thread places, builds and writes
- * each chunk, then hands it to the committer thread, which fdatasyncs the
- * chunk's segments (through its own I/O context) and commits its index
- * entries (commit_group), in chunk order; meanwhile the flusher writes the
- * next chunk. So the device is writing while the previous chunk's flushes
- * and LMDB commit run, and the durability order of each chunk is as
- * before: written, synced, then indexed. Once a chunk fails, the chunks
- * after it are not committed (their pages are skipped forever). write_group
- * returns when every chunk it handed over is done. */
+ * cfg.group_bytes, and each chunk goes through three threads in turn:
+ *   the flusher (the caller) places it and builds its records in one of
+ *     two staging buffers;
+ *   the writer thread writes it (wio);
+ *   the committer thread fdatasyncs the segments it touched (sio) and
+ *     commits its index entries (commit_group).
+ * Each stage takes chunks in order, so while chunk k is being written,
+ * chunk k+1 is built and chunk k-1 is synced and indexed. The durability
+ * order of every chunk is as before: written, synced, then indexed. Once
+ * a chunk fails, no later chunk is indexed (their pages are skipped
+ * forever). write_group returns when every chunk it posted is settled. */
 
 typedef struct chunk {
   placed *pl;
   kvt_cold_slice **sl;
   uint32_t *touched;
   size_t np, n_touched;
+  kvt_io_req *w;              /* the writes, from stage buffer `buf` */
+  size_t nw;
+  int buf;                    /* staging buffer held, or -1 */
   size_t upto;                /* records of the call settled once this commits */
   const victim *vic;
-  int rc;                     /* committer's result */
+  int rc;
   struct chunk *next;
 } chunk;
 
@@ -812,7 +825,41 @@ static void chunk_free(chunk *k) {
   free(k->pl);
   free(k->sl);
   free(k->touched);
+  free(k->w);
   free(k);
+}
+
+/* With cq_lock held. */
+static void q_push(chunk **head, chunk **tail, chunk *k) {
+  k->next = NULL;
+  if (*tail) (*tail)->next = k;
+  else *head = k;
+  *tail = k;
+}
+
+static chunk *q_pop(chunk **head, chunk **tail) {
+  chunk *k = *head;
+  *head = k->next;
+  if (!*head) *tail = NULL;
+  return k;
+}
+
+/* A free staging buffer (waiting for the writer to release one). */
+static int stage_get(kvt_cold *c) {
+  pthread_mutex_lock(&c->cq_lock);
+  while (c->stage_busy[0] && c->stage_busy[1]) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+  int i = c->stage_busy[0] ? 1 : 0;
+  c->stage_busy[i] = 1;
+  pthread_mutex_unlock(&c->cq_lock);
+  return i;
+}
+
+/* With cq_lock held. */
+static void stage_put(kvt_cold *c, chunk *k) {
+  if (k->buf < 0) return;
+  c->stage_busy[k->buf] = 0;
+  k->buf = -1;
+  pthread_cond_broadcast(&c->cq_cv);
 }
 
 /* Committer: sync what the chunk wrote, then index it. */
@@ -836,22 +883,41 @@ static int chunk_commit(kvt_cold *c, chunk *k) {
   return rc;
 }
 
+static void *writer_main(void *arg) {
+  kvt_cold *c = arg;
+  pthread_mutex_lock(&c->cq_lock);
+  for (;;) {
+    while (!c->wq_head && !c->cq_stop) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+    if (!c->wq_head) break;
+    chunk *k = q_pop(&c->wq_head, &c->wq_tail);
+    int failed = c->cq_failed;
+    pthread_mutex_unlock(&c->cq_lock);
+    k->rc = failed ? failed : k->nw ? kvt_io_run(c->wio, k->w, k->nw) : 0;
+    pthread_mutex_lock(&c->cq_lock);
+    stage_put(c, k);
+    if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
+    q_push(&c->cq_head, &c->cq_tail, k);
+    pthread_cond_broadcast(&c->cq_cv);
+  }
+  pthread_mutex_unlock(&c->cq_lock);
+  return NULL;
+}
+
 static void *committer_main(void *arg) {
   kvt_cold *c = arg;
   pthread_mutex_lock(&c->cq_lock);
   for (;;) {
     while (!c->cq_head && !c->cq_stop) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
     if (!c->cq_head) break;
-    chunk *k = c->cq_head;
+    chunk *k = q_pop(&c->cq_head, &c->cq_tail);
     int failed = c->cq_failed;
     pthread_mutex_unlock(&c->cq_lock);
-    k->rc = failed ? failed : chunk_commit(c, k);
+    if (!k->rc) k->rc = failed ? failed : chunk_commit(c, k);
     pthread_mutex_lock(&c->cq_lock);
     if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
-    c->cq_head = k->next;
-    if (!c->cq_head) c->cq_tail = NULL;
     k->next = c->cq_done;
     c->cq_done = k;
+    c->in_flight--;
     pthread_cond_broadcast(&c->cq_cv);
   }
   pthread_mutex_unlock(&c->cq_lock);
@@ -859,28 +925,34 @@ static void *committer_main(void *arg) {
 }
 
 static int committer_start(kvt_cold *c) {
-  int rc = -pthread_create(&c->committer, NULL, committer_main, c);
+  int rc = -pthread_create(&c->writer, NULL, writer_main, c);
+  if (rc) return rc;
+  c->writer_on = 1;
+  rc = -pthread_create(&c->committer, NULL, committer_main, c);
   if (!rc) c->committer_on = 1;
   return rc;
 }
 
+/* Both threads are idle by now: every write_group waited for its chunks. */
 static void committer_stop(kvt_cold *c) {
-  if (!c->committer_on) return;
+  if (!c->writer_on && !c->committer_on) return;
   pthread_mutex_lock(&c->cq_lock);
   c->cq_stop = 1;
   pthread_cond_broadcast(&c->cq_cv);
   pthread_mutex_unlock(&c->cq_lock);
-  pthread_join(c->committer, NULL);
-  c->committer_on = 0;
+  if (c->writer_on) pthread_join(c->writer, NULL);
+  if (c->committer_on) pthread_join(c->committer, NULL);
+  c->writer_on = c->committer_on = 0;
 }
 
-/* Place, build and write records from recs[0] on, up to group_bytes of
- * them (at least one). *used: records looked at (placed, or skipped as
- * indexed); *full: the tier had no room for recs[*used]. Returns 0 with
- * *out the chunk (NULL when nothing was placed), or an error (nothing of
- * it will be indexed). */
-static int chunk_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
-                       chunk **out, size_t *used, int *full) {
+/* Place and build records from recs[0] on, up to group_bytes of them (at
+ * least one), in staging buffer `buf`, and list their writes. *used:
+ * records looked at (placed, or skipped as indexed); *full: the tier had
+ * no room for recs[*used]. Returns 0 with *out the chunk (NULL when there
+ * is nothing to write), or an error (nothing of it will be indexed). The
+ * chunk holds buf until written; without a chunk, buf is released. */
+static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       int buf, chunk **out, size_t *used, int *full) {
   *out = NULL;
   *used = 0;
   *full = 0;
@@ -897,14 +969,16 @@ static int chunk_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
   uint32_t *sealed = calloc(m + 1, sizeof *sealed);
   int rc = k && sealed ? 0 : -ENOMEM;
   if (!rc) {
+    k->buf = buf;
     k->pl = calloc(m, sizeof *k->pl);
     k->sl = calloc(m, sizeof *k->sl);
     k->touched = calloc(2 * m + 2, sizeof *k->touched);
     k->vic = vic;
     if (!k->pl || !k->sl || !k->touched) rc = -ENOMEM;
   }
-  if (!rc) rc = ensure(c, &c->stage, &c->stage_cap, stage_need);
+  if (!rc) rc = ensure(c, &c->stage[buf], &c->stage_cap[buf], stage_need);
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
+  uint8_t *stage = c->stage[buf];
   MDB_txn *rt = NULL;
   if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
   size_t np = 0, n_sealed = 0, stage_off = 0, n_parts = 0, i = 0;
@@ -936,7 +1010,7 @@ static int chunk_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     p->seg = (uint32_t)id;
     p->off = s->used;
     size_t staged;
-    uint32_t len = build_record(c, &recs[i], s->gen, c->stage + stage_off, &p->e, k->sl[np],
+    uint32_t len = build_record(c, &recs[i], s->gen, stage + stage_off, &p->e, k->sl[np],
                                 p->parts, &staged);
     p->e.seg = (uint32_t)id;
     p->e.offset = p->off;
@@ -953,52 +1027,52 @@ static int chunk_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
   for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
   free(sealed);
   /* One write per piece; pieces adjacent both in memory and on disk merge. */
-  kvt_io_req *w = rc ? NULL : calloc(n_parts + 1, sizeof *w);
-  size_t nw = 0;
-  if (!rc && !w) rc = -ENOMEM;
+  if (!rc && !(k->w = calloc(n_parts + 1, sizeof *k->w))) rc = -ENOMEM;
   for (size_t j = 0; !rc && j < np; j++) {
     uint64_t off = k->pl[j].off;
     int fd = c->segs[k->pl[j].seg].fd;
     for (uint32_t l = 0; l <= k->pl[j].e.n_layers; l++) {
       const part *pt = &k->pl[j].parts[l];
-      kvt_io_req *last = nw ? &w[nw - 1] : NULL;
+      kvt_io_req *last = k->nw ? &k->w[k->nw - 1] : NULL;
       if (last && last->fd == fd && last->off + last->len == off &&
           (const uint8_t *)last->buf + last->len == pt->buf && (uint64_t)last->len + pt->len < (1u << 30)) {
         last->len += pt->len;
       } else {
-        w[nw++] = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_WRITE, .buf = (void *)pt->buf,
-                               .len = pt->len, .off = off};
+        k->w[k->nw++] = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_WRITE, .buf = (void *)pt->buf,
+                                     .len = pt->len, .off = off};
       }
       off += pt->len;
     }
   }
-  if (!rc) rc = kvt_io_run(c->wio, w, nw);
-  free(w);
-  if (rc || (np == 0 && k && k->n_touched == 0)) {
+  if (rc || (np == 0 && k->n_touched == 0)) {
+    if (k) k->buf = -1;
     chunk_free(k);
+    pthread_mutex_lock(&c->cq_lock);
+    c->stage_busy[buf] = 0;
+    pthread_cond_broadcast(&c->cq_cv);
+    pthread_mutex_unlock(&c->cq_lock);
     return rc;
   }
   *out = k;
   return 0;
 }
 
-/* Hand chunk k to the committer. */
+/* Hand chunk k to the writer (a chunk with no writes goes through it too,
+ * so that everything settles in order). */
 static void chunk_post(kvt_cold *c, chunk *k) {
   pthread_mutex_lock(&c->cq_lock);
-  k->next = NULL;
-  if (c->cq_tail) c->cq_tail->next = k;
-  else c->cq_head = k;
-  c->cq_tail = k;
+  c->in_flight++;
+  q_push(&c->wq_head, &c->wq_tail, k);
   pthread_cond_broadcast(&c->cq_cv);
   pthread_mutex_unlock(&c->cq_lock);
 }
 
-/* Wait until the committer has done every chunk posted; settle them:
- * *done (records settled by the leading chunks that committed) and the
- * first failure. The failure flag is cleared for the next call. */
+/* Wait until every chunk posted is settled; *done: records settled by the
+ * leading chunks that committed; returns the first failure. The failure
+ * flag is cleared for the next call. */
 static int chunks_wait(kvt_cold *c, size_t *done) {
   pthread_mutex_lock(&c->cq_lock);
-  while (c->cq_head) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+  while (c->in_flight) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
   chunk *list = c->cq_done;
   c->cq_done = NULL;
   c->cq_failed = 0;
@@ -1035,24 +1109,25 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
   while (at < n && !rc && !full) {
     pthread_mutex_lock(&c->cq_lock);
     int failed = c->cq_failed; /* the rest would not be committed */
+    int idle = c->in_flight == 0;
     pthread_mutex_unlock(&c->cq_lock);
     if (failed) break;
     chunk *k;
     size_t used;
-    rc = chunk_write(c, recs + at, n - at, vic, &k, &used, &full);
+    rc = chunk_build(c, recs + at, n - at, vic, stage_get(c), &k, &used, &full);
     at += used;
     if (rc) break;
-    if (!k) { /* nothing to write: settled once what came before is */
-      pthread_mutex_lock(&c->cq_lock);
-      int busy = c->cq_head != NULL;
-      pthread_mutex_unlock(&c->cq_lock);
-      if (!busy) done = at;
-      else if (!(k = calloc(1, sizeof *k))) rc = -ENOMEM;
+    if (!k && idle) { /* nothing to write: settled already */
+      done = at;
+      continue;
     }
-    if (k) {
-      k->upto = at;
-      chunk_post(c, k);
+    if (!k && !(k = calloc(1, sizeof *k))) { /* settles once what came before does */
+      rc = -ENOMEM;
+      break;
     }
+    if (!k->pl) k->buf = -1;
+    k->upto = at;
+    chunk_post(c, k);
   }
   size_t settled = done;
   int crc = chunks_wait(c, &settled);
