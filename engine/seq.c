@@ -195,12 +195,15 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
     return rc;
   }
   pthread_mutex_lock(&e->lock);
+  kvt_tblk *cand = spare;
   while (!(tb = tblk_get(e, s, &key, &spare))) { /* it left the index meanwhile */
     pthread_mutex_unlock(&e->lock);
     if (!(spare = kvt_tblk_alloc(e, ns, &key, parent, b))) return -ENOMEM;
     spare->cold = (uint8_t)kvt_cold_has(e, &key);
+    cand = spare;
     pthread_mutex_lock(&e->lock);
   }
+  int created = tb == cand;
   tb->seen++;
   tb->prompt |= !s->output;
   tb->seq_refs++;
@@ -222,6 +225,17 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   int durable = tb->cold;
   kvt_cold_consider(e, tb); /* seen once more: admission may say yes now */
   pthread_mutex_unlock(&e->lock);
+  /* Found in the cold tier before the block was in the index: the cold
+   * tier may have chosen to remove it in between (its keep() found no
+   * reference then). Now that s references it, ask again: a removal
+   * chosen since hides the key already (tiers/cold.c, keep_or_mark). */
+  if (created && durable && !kvt_cold_has(e, &key)) {
+    pthread_mutex_lock(&e->lock);
+    tb->cold = 0;
+    durable = 0;
+    kvt_cold_consider(e, tb);
+    pthread_mutex_unlock(&e->lock);
+  }
   kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size); /* unused: found it */
   if (info) {
     info->block = b;

@@ -108,6 +108,41 @@ static void test_chain_tails_first(void **state) {
   close_ev(&f);
 }
 
+/* Children added before their parent (the index loads in key order at
+ * open, not parent first) still hold it back; so do children of a parent
+ * removed and added again. */
+static void test_chain_any_order(void **state) {
+  (void)state;
+  for (int policy = KVT_EVICT_CHAIN; policy <= KVT_EVICT_CHAIN_LEAF; policy++) {
+    if (policy == KVT_EVICT_LRU) continue;
+    fixture f;
+    open_ev(&f, policy);
+    add(&f, 1, 0); /* chain 0-1-2 loaded as 1, 0, 2 */
+    add(&f, 0, -1);
+    add(&f, 2, 1);
+    assert_int_equal(victim(&f, NULL, NULL), 2); /* the tail, not the head */
+    evict(&f, 2);
+    assert_int_equal(victim(&f, NULL, NULL), 1);
+    evict(&f, 1);
+    assert_int_equal(victim(&f, NULL, NULL), 0);
+    evict(&f, 0);
+    /* P=10 with child 11; P removed and written again; child 12; 11 goes:
+     * 12 still extends P, so P is no candidate */
+    add(&f, 10, -1);
+    add(&f, 11, 10);
+    evict(&f, 10);
+    add(&f, 10, -1);
+    add(&f, 12, 10);
+    evict(&f, 11);
+    assert_int_equal(victim(&f, NULL, NULL), 12);
+    evict(&f, 12);
+    assert_int_equal(victim(&f, NULL, NULL), 10);
+    evict(&f, 10);
+    assert_int_equal(kvt_evict_count(f.ev), 0);
+    close_ev(&f); /* orphan counts given back too */
+  }
+}
+
 /* A tail as written goes before an older leaf that was used; without the
  * probation segment (CHAIN_LEAF) recency alone decides. */
 static void test_chain_probation(void **state) {
@@ -287,8 +322,10 @@ static void test_live_cold_order(void **state) {
   assert_true(reach_chain <= rec_chain && reach_lru <= rec_lru);
   /* Tails go first, so what stays is prefixes. Not all of it: reclaiming
    * a segment also drops the unreferenced blocks the order had not chosen
-   * yet, which may be a chain's head. */
-  assert_true(reach_chain * 10 >= rec_chain * 9);
+   * yet, which may be a chain's head (which segment that is depends on how
+   * the flusher grouped the writes: timing). Seen: at most one chain's
+   * worth (LEN blocks) unreachable; allow two. */
+  assert_true(reach_chain + 2 * 6 >= rec_chain);
 }
 
 int main(void) {
@@ -297,6 +334,7 @@ int main(void) {
       cmocka_unit_test(test_lru_order),
       cmocka_unit_test(test_chain_tails_first),
       cmocka_unit_test(test_chain_probation),
+      cmocka_unit_test(test_chain_any_order),
       cmocka_unit_test(test_keep),
       cmocka_unit_test(test_chain_random_forest),
       cmocka_unit_test(test_live_cold_order),

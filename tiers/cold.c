@@ -63,6 +63,12 @@ struct kvt_cold {
   struct chunk *cq_head, *cq_tail;        /* written, to be synced and indexed */
   struct chunk *cq_done;                  /* settled, newest first */
   size_t in_flight;                       /* chunks posted and not settled */
+  /* Keys chosen for removal whose removal has not committed: found by
+   * nobody (kvt_cold_find, kvt_cold_prefix), so no caller is told a block
+   * is durable that is about to go. Added before keep() is asked. */
+  pthread_mutex_t gone_lock;
+  kvt_key *gone_v;                        /* sorted */
+  size_t gone_n, gone_cap;
   uint8_t *stage[2];                      /* staging buffers, one per chunk in flight */
   size_t stage_cap[2];
   int stage_busy[2];
@@ -411,6 +417,7 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   pthread_mutex_init(&c->rd_lock, NULL);
   pthread_mutex_init(&c->st_lock, NULL);
   pthread_mutex_init(&c->cq_lock, NULL);
+  pthread_mutex_init(&c->gone_lock, NULL);
   pthread_cond_init(&c->cq_cv, NULL);
   c->segs = kvt_mem_calloc(m, KVT_MEM_OTHER, c->max_segs * sizeof *c->segs);
   if (!c->segs) rc = -ENOMEM;
@@ -460,6 +467,8 @@ void kvt_cold_close(kvt_cold *c) {
   pthread_mutex_destroy(&c->rd_lock);
   pthread_mutex_destroy(&c->st_lock);
   pthread_mutex_destroy(&c->cq_lock);
+  pthread_mutex_destroy(&c->gone_lock);
+  free(c->gone_v);
   pthread_cond_destroy(&c->cq_cv);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, c, sizeof *c);
 }
@@ -1158,7 +1167,77 @@ static int find_locked(kvt_cold *c, MDB_txn *t, const kvt_key *key, kvt_cold_ent
   return 0;
 }
 
+/* ---------- keys being removed ---------- */
+
+static int key_cmp(const void *a, const void *b) { return memcmp(a, b, 16); }
+
+/* Where key is, or would go, in the sorted gone set. With gone_lock. */
+static size_t gone_pos(const kvt_cold *c, const kvt_key *key, int *hit) {
+  size_t lo = 0, hi = c->gone_n;
+  *hit = 0;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int r = key_cmp(&c->gone_v[mid], key);
+    if (r == 0) {
+      *hit = 1;
+      return mid;
+    }
+    if (r < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+static int gone_add(kvt_cold *c, const kvt_key *key) {
+  int hit, rc = 0;
+  pthread_mutex_lock(&c->gone_lock);
+  size_t i = gone_pos(c, key, &hit);
+  if (!hit && !(rc = grow(&c->gone_v, &c->gone_cap, c->gone_n, sizeof *c->gone_v))) {
+    memmove(c->gone_v + i + 1, c->gone_v + i, (c->gone_n - i) * sizeof *c->gone_v);
+    c->gone_v[i] = *key;
+    c->gone_n++;
+  }
+  pthread_mutex_unlock(&c->gone_lock);
+  return rc;
+}
+
+static void gone_del(kvt_cold *c, const kvt_key *key) {
+  int hit;
+  pthread_mutex_lock(&c->gone_lock);
+  size_t i = gone_pos(c, key, &hit);
+  if (hit) {
+    memmove(c->gone_v + i, c->gone_v + i + 1, (c->gone_n - i - 1) * sizeof *c->gone_v);
+    c->gone_n--;
+  }
+  pthread_mutex_unlock(&c->gone_lock);
+}
+
+static void gone_clear(kvt_cold *c) {
+  pthread_mutex_lock(&c->gone_lock);
+  c->gone_n = 0;
+  pthread_mutex_unlock(&c->gone_lock);
+}
+
+static int gone_has(kvt_cold *c, const kvt_key *key) {
+  int hit = 0;
+  pthread_mutex_lock(&c->gone_lock);
+  if (c->gone_n) gone_pos(c, key, &hit);
+  pthread_mutex_unlock(&c->gone_lock);
+  return hit;
+}
+
+/* Does keep() keep key? Marked gone first, unmarked when kept: a find
+ * after keep() said no sees it gone; one before it made the engine
+ * reference the block (see kvt_seq_append), so keep() says yes. */
+static int keep_or_mark(kvt_cold *c, const kvt_key *key) {
+  if (gone_add(c, key)) return 1; /* cannot mark it: keep it */
+  int kept = c->keep && c->keep(c->keep_arg, key);
+  if (kept) gone_del(c, key);
+  return kept;
+}
+
 int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e) {
+  if (gone_has(c, key)) return KVT_ENOTFOUND;
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
   if (rc) return rc;
@@ -1172,7 +1251,7 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
   MDB_txn *t;
   if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return 0;
   size_t i = 0;
-  while (i < n && key_indexed(c, t, &keys[i])) i++;
+  while (i < n && key_indexed(c, t, &keys[i]) && !gone_has(c, &keys[i])) i++;
   mdb_txn_abort(t);
   for (size_t k = 0; k < i; k++) evict_touch(c, &keys[k]);
   return i;
@@ -1649,8 +1728,9 @@ static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entr
 /* Reclaim the full segment with the fewest live bytes: the blocks the
  * engine still references are read back and written again elsewhere
  * first, then every other entry of the segment leaves the index, durably,
- * before the segment is marked free for reuse. Returns the bytes freed net
- * of what was rewritten (0: reclaiming cannot help), or a negative error. */
+ * before the segment is marked free for reuse. Returns the bytes of room
+ * it made (a segment less what was rewritten; 0: reclaiming cannot help),
+ * or a negative error. */
 static int64_t reclaim_one(kvt_cold *c) {
   int id = victim_seg(c);
   if (id < 0) return 0;
@@ -1671,7 +1751,7 @@ static int64_t reclaim_one(kvt_cold *c) {
   size_t n_cy = 0;
   if (n && (!cy || !sizes)) rc = -ENOMEM;
   for (size_t i = 0; i < n && !rc; i++) {
-    if (!c->keep || !c->keep(c->keep_arg, &ents[i].key)) continue;
+    if (!keep_or_mark(c, &ents[i].key)) continue;
     carry *x = &cy[n_cy++];
     int r = carry_load(c, &ents[i], x);
     if (r == KVT_ECORRUPT || r == KVT_ENOTFOUND) { /* unreadable: it was lost already */
@@ -1687,10 +1767,14 @@ static int64_t reclaim_one(kvt_cold *c) {
   }
   uint64_t live = c->segs[id].live;
   int freed = 0;
-  /* Worth it only when it frees something, and possible only when the
+  /* Worth it when it frees something: a dead block, or room (a few
+   * referenced blocks moved together out of a segment of their own, into
+   * the spare if need be, leave it free); possible only when the
    * relocations fit (the spare segment new records leave is for them). */
-  if (!rc && (n_cy == 0 || kept < live) && fits(c, sizes, n_cy, 0))
+  int worth = n_cy == 0 || kept < live || kept <= c->cfg.segment_bytes / 2;
+  if (!rc && worth && fits(c, sizes, n_cy, 0))
     freed = rc = relocate_and_free(c, &vic, ents, n, cy, n_cy);
+  gone_clear(c); /* removed for good, or not removed after all */
   carry_free(cy, n_cy);
   free(cy);
   free(sizes);
@@ -1708,7 +1792,9 @@ static int64_t reclaim_one(kvt_cold *c) {
   c->evictions += n - n_cy; /* the kept ones were written again */
   c->relocated += n_cy;
   pthread_mutex_unlock(&c->st_lock);
-  return live > kept ? (int64_t)(live - kept) : 0;
+  /* A whole segment is free again, less what was relocated (kept < live
+   * <= segment size): > 0 even when nothing in it was live any more. */
+  return (int64_t)(c->cfg.segment_bytes - kept);
 }
 
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
@@ -1979,7 +2065,8 @@ void kvt_cold_track(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
   mdb_txn_abort(t);
 }
 
-/* Keys found kept while choosing victims, so the order skips them. */
+/* Keys found kept while choosing victims, so the order skips them:
+ * sorted, found by binary search. */
 typedef struct kept_set {
   kvt_key *v;
   size_t n, cap;
@@ -1987,9 +2074,32 @@ typedef struct kept_set {
 
 static int in_kept(void *arg, const kvt_key *key) {
   const kept_set *k = arg;
-  for (size_t i = 0; i < k->n; i++)
-    if (memcmp(k->v[i].b, key->b, 16) == 0) return 1;
+  return k->n && bsearch(key, k->v, k->n, sizeof *k->v, key_cmp) != NULL;
+}
+
+static int kept_add(kept_set *k, const kvt_key *key) {
+  int rc = grow(&k->v, &k->cap, k->n, sizeof *k->v);
+  if (rc) return rc;
+  size_t i = k->n;
+  while (i > 0 && key_cmp(&k->v[i - 1], key) > 0) i--;
+  memmove(k->v + i + 1, k->v + i, (k->n - i) * sizeof *k->v);
+  k->v[i] = *key;
+  k->n++;
   return 0;
+}
+
+/* Put keys back in the eviction order (their removal failed). */
+static void evict_restore(kvt_cold *c, const kvt_key *keys, size_t n) {
+  MDB_txn *t;
+  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return;
+  for (size_t i = 0; i < n; i++) {
+    kvt_cold_entry e;
+    if (find_locked(c, t, &keys[i], &e, NULL, 0)) continue; /* gone after all */
+    pthread_mutex_lock(&c->ev_lock);
+    kvt_evict_add(c->ev, &e.key, &e.parent, e.rec_len);
+    pthread_mutex_unlock(&c->ev_lock);
+  }
+  mdb_txn_abort(t);
 }
 
 #define KEPT_MAX 4096 /* referenced blocks looked past before giving up */
@@ -2013,20 +2123,25 @@ int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
     int r = kvt_evict_victim(c->ev, in_kept, &kept, &v, &bytes);
     pthread_mutex_unlock(&c->ev_lock);
     if (r) break; /* everything left is referenced */
-    if (c->keep && c->keep(c->keep_arg, &v)) { /* referenced: look past it */
-      if ((rc = grow(&kept.v, &kept.cap, kept.n, sizeof *kept.v))) break;
-      kept.v[kept.n++] = v;
+    if (keep_or_mark(c, &v)) { /* referenced: look past it */
+      if ((rc = kept_add(&kept, &v))) break;
       continue;
     }
-    if ((rc = grow(&gone, &cap_gone, n_gone, sizeof *gone))) break;
+    if ((rc = grow(&gone, &cap_gone, n_gone, sizeof *gone))) {
+      gone_del(c, &v);
+      break;
+    }
     gone[n_gone++] = v;
-    evict_forget(c, &v);
+    evict_forget(c, &v); /* out of the order now: the next victim is another */
     live = live > bytes ? live - bytes : 0;
   }
   uint64_t removed = 0;
-  if (!rc && n_gone) rc = remove_keys(c, gone, n_gone, NULL, &removed); /* durable, one txn */
+  int rrc = n_gone ? remove_keys(c, gone, n_gone, NULL, &removed) : 0; /* durable, one txn */
+  if (rrc) evict_restore(c, gone, n_gone); /* still indexed: back in the order */
+  gone_clear(c);
   free(kept.v);
   free(gone);
+  if (!rc) rc = rrc;
   if (rc) return rc;
   pthread_mutex_lock(&c->st_lock);
   c->ev_evictions += removed;

@@ -16,12 +16,11 @@
  * joins it too (it was extended once), ordered by its last use.
  *
  * Invariant (CHAIN): an entry is in a heap iff its n_children is 0; the
- * heap is probation iff e->tail (CHAIN_LEAF: never). A child added
- * while its parent is not tracked does not count for the parent if the
- * parent is added later (there is no reverse index): the parent then
- * starts as a leaf. Blocks are written parent first, so this only happens
- * after a parent was removed from outside the policy (a drop, a failed
- * check, a segment reclaimed). */
+ * heap is probation iff e->tail (CHAIN_LEAF: never). Children are counted
+ * whatever the order of adds and removes: the children of a key that is
+ * not tracked are counted in the orphan table, and move to the parent's
+ * n_children when it is added (the index is loaded in key order, not
+ * parent first; a parent may be removed and written again). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +39,13 @@ typedef struct ev_ent {
   uint8_t tail;                /* a tail as written: not used, no child since added */
 } ev_ent;
 
+/* Children tracked while their parent is not. */
+typedef struct ev_orphan {
+  kvt_key parent;
+  uint32_t n;
+  struct ev_orphan *next;
+} ev_orphan;
+
 typedef struct ev_heap {
   ev_ent **v;
   size_t n, cap;
@@ -53,6 +59,7 @@ struct kvt_evict {
   uint64_t count, bytes, tick;
   ev_ent lru;                  /* sentinel: lru.next is the least recent */
   ev_heap heap[2];             /* leaves: [0] probation (tails), [1] main */
+  ev_orphan *orphans[256];     /* by parent key hash; few, but many at open */
 };
 
 static uint64_t key_hash(const kvt_key *k) {
@@ -97,6 +104,43 @@ static void unlink_hash(kvt_evict *ev, ev_ent *e) {
   ev_ent **pp = &ev->buckets[key_hash(&e->key) & (ev->n_buckets - 1)];
   while (*pp != e) pp = &(*pp)->hnext;
   *pp = e->hnext;
+}
+
+/* ---------- orphan counts (CHAIN) ---------- */
+
+static ev_orphan **orphan_slot(kvt_evict *ev, const kvt_key *parent) {
+  ev_orphan **pp = &ev->orphans[key_hash(parent) & 255];
+  while (*pp && memcmp((*pp)->parent.b, parent->b, 16)) pp = &(*pp)->next;
+  return pp;
+}
+
+/* Count d more (or fewer) untracked-parent children of parent. -ENOMEM
+ * only when a new count cannot be stored (then that child just does not
+ * hold its parent back: the parent may go first, never a wrong byte). */
+static int orphan_add(kvt_evict *ev, const kvt_key *parent, int64_t d) {
+  ev_orphan **pp = orphan_slot(ev, parent), *o = *pp;
+  if (!o) {
+    if (d <= 0) return 0;
+    if (!(o = kvt_mem_calloc(ev->m, ev->cat, sizeof *o))) return -ENOMEM;
+    o->parent = *parent;
+    *pp = o;
+  }
+  o->n = d < 0 && (uint64_t)-d >= o->n ? 0 : (uint32_t)((int64_t)o->n + d);
+  if (o->n == 0) {
+    *pp = o->next;
+    kvt_mem_free(ev->m, ev->cat, o, sizeof *o);
+  }
+  return 0;
+}
+
+/* Take parent's orphan count (it is being added). */
+static uint32_t orphan_take(kvt_evict *ev, const kvt_key *parent) {
+  ev_orphan **pp = orphan_slot(ev, parent), *o = *pp;
+  if (!o) return 0;
+  uint32_t n = o->n;
+  *pp = o->next;
+  kvt_mem_free(ev->m, ev->cat, o, sizeof *o);
+  return n;
 }
 
 /* ---------- leaf heaps (CHAIN) ---------- */
@@ -215,6 +259,11 @@ void kvt_evict_free(kvt_evict *ev) {
     }
   }
   for (int i = 0; i < 2; i++) kvt_mem_free(ev->m, ev->cat, ev->heap[i].v, ev->heap[i].cap * sizeof(ev_ent *));
+  for (int i = 0; i < 256; i++)
+    for (ev_orphan *o = ev->orphans[i], *next; o; o = next) {
+      next = o->next;
+      kvt_mem_free(ev->m, ev->cat, o, sizeof *o);
+    }
   kvt_mem_free(ev->m, ev->cat, ev->buckets, ev->n_buckets * sizeof *ev->buckets);
   kvt_mem_free(ev->m, ev->cat, ev, sizeof *ev);
 }
@@ -241,14 +290,19 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   e->tick = ++ev->tick;
   e->heap_pos = -1;
   e->tail = ev->policy == KVT_EVICT_CHAIN; /* CHAIN_LEAF: no probation */
-  if (chained(ev) && heap_push(ev, heap_of(ev, e), e)) {
+  if (chained(ev)) {
+    e->n_children = orphan_take(ev, key); /* children added before it */
+    if (e->n_children) e->tail = 0;       /* extended already */
+  }
+  if (chained(ev) && !e->n_children && heap_push(ev, heap_of(ev, e), e)) {
     kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
-    return -ENOMEM;
+    return -ENOMEM; /* (no children: no orphan count was taken) */
   }
   if (chained(ev) && e->has_parent) { /* the parent is no tail now */
     ev_ent *p = find(ev, &e->parent);
     if (p && p->n_children++ == 0 && p->heap_pos >= 0) heap_del(heap_of(ev, p), p);
     if (p) p->tail = 0;
+    if (!p) orphan_add(ev, &e->parent, 1);
   }
   if (ev->count >= ev->n_buckets) grow_table(ev);
   size_t h = key_hash(key) & (ev->n_buckets - 1);
@@ -279,7 +333,9 @@ int kvt_evict_remove(kvt_evict *ev, const kvt_key *key, uint64_t *bytes) {
   if (chained(ev) && e->has_parent) { /* the parent may become a leaf */
     ev_ent *p = find(ev, &e->parent);
     if (p && p->n_children > 0 && --p->n_children == 0) heap_push(ev, heap_of(ev, p), p);
+    if (!p) orphan_add(ev, &e->parent, -1);
   }
+  if (chained(ev) && e->n_children) orphan_add(ev, key, e->n_children); /* they stay */
   ev->count--;
   ev->bytes -= e->bytes;
   kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
