@@ -405,6 +405,42 @@ static void test_bad_input(void **state) {
   tu_rmtree(dir);
 }
 
+/* ---- fixes from the review ------------------------------------------------- */
+
+/* stderr of `kvtier plan args` (stdout dropped); *status its exit code. */
+static char *run_err(const char *args, int *status) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s plan %s 2>&1 >/dev/null", bin(), args);
+  return run(cmd, status);
+}
+
+/* Messages name the file and the reason, with no made-up line number. */
+static void test_file_messages(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir(), args[1024], want[1024];
+  int st;
+  const char *cases[][2] = {{"--model llama-3.1-8b --trace", "Is a directory"},
+                            {"--config", "Is a directory"}};
+  for (size_t i = 0; i < 2; i++) {
+    snprintf(args, sizeof args, "%s %s", cases[i][0], dir);
+    char *err = run_err(args, &st);
+    print_message("%s", err);
+    assert_int_equal(st, 1);
+    snprintf(want, sizeof want, "%s: cannot open: %s", dir, cases[i][1]);
+    assert_non_null(strstr(err, want));
+    assert_null(strstr(err, "line "));
+    free(err);
+  }
+  snprintf(args, sizeof args, "--config %s/missing.json", dir);
+  char *err = run_err(args, &st);
+  assert_int_equal(st, 1);
+  snprintf(want, sizeof want, "%s/missing.json: cannot open: %s", dir, strerror(ENOENT));
+  assert_non_null(strstr(err, want));
+  assert_null(strstr(err, "line "));
+  free(err);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -413,6 +449,7 @@ int main(void) {
       cmocka_unit_test(test_replay_matches_lru_sim),
       cmocka_unit_test(test_mooncake_unbounded_is_max_reuse),
       cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_file_messages),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

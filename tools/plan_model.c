@@ -2,10 +2,12 @@
  * common models and Hugging Face config.json files read with jansson.
  * Only what decides KV size is read: layers, KV heads, head dim, dtype;
  * and enough of the sizes to estimate the weights (for prefill speed). */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "plan.h"
 
@@ -71,9 +73,19 @@ static double estimate_params(uint64_t L, uint64_t h, uint64_t kvd, uint64_t int
 int plan_model_config(const char *path, plan_model *m)
 {
   json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
+  FILE *f = fopen(path, "r");
+  struct stat sb;
+  if (!f || fstat(fileno(f), &sb) || S_ISDIR(sb.st_mode)) {
+    int e = !f ? errno : S_ISDIR(sb.st_mode) ? EISDIR : errno;
+    if (f) fclose(f);
+    fprintf(stderr, "kvtier plan: %s: cannot open: %s\n", path, strerror(e));
+    return -1;
+  }
+  json_t *root = json_loadf(f, 0, &err);
+  fclose(f);
   if (!root) {
-    fprintf(stderr, "kvtier plan: %s: line %d: %s\n", path, err.line, err.text);
+    if (err.line > 0) fprintf(stderr, "kvtier plan: %s: line %d: %s\n", path, err.line, err.text);
+    else fprintf(stderr, "kvtier plan: %s: %s\n", path, err.text);
     return -1;
   }
   int rc = 0;
