@@ -414,6 +414,13 @@ static char *run_err(const char *args, int *status) {
   return run(cmd, status);
 }
 
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
 /* Messages name the file and the reason, with no made-up line number. */
 static void test_file_messages(void **state) {
   (void)state;
@@ -441,6 +448,45 @@ static void test_file_messages(void **state) {
   tu_rmtree(dir);
 }
 
+/* A config.json without the sizes for a weight estimate: refused unless
+ * --prefill is given (never "inf" in the JSON); "dtype" read like the
+ * older "torch_dtype". */
+static void test_config_prefill_and_dtype(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir(), cfg[512], args[1024];
+  snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+  write_file(cfg, "{\"num_hidden_layers\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64}");
+  int st;
+  snprintf(args, sizeof args, "--config %s --requests 10 --json", cfg);
+  char *err = run_err(args, &st);
+  assert_int_equal(st, 2);
+  assert_non_null(strstr(err, "--prefill"));
+  free(err);
+  snprintf(args, sizeof args, "%s plan --config %s --requests 10 --prefill 5000 --json", bin(), cfg);
+  char *out = run(args, &st);
+  assert_int_equal(st, 0);
+  assert_int_equal(json_u64_in(out, NULL, "prefill_tokens_per_s"), 5000);
+  assert_null(strstr(out, "inf"));
+  assert_null(strstr(out, "nan"));
+  free(out);
+  const char *dtypes[][2] = {{"\"dtype\": \"float32\"", "\"dtype\": \"f32\""},
+                             {"\"torch_dtype\": \"float16\"", "\"dtype\": \"f16\""},
+                             {"\"text_config\": {\"num_hidden_layers\": 4, \"num_key_value_heads\": 2,"
+                              " \"head_dim\": 64, \"dtype\": \"float16\"}", "\"dtype\": \"f16\""}};
+  for (size_t i = 0; i < 3; i++) {
+    char text[512];
+    snprintf(text, sizeof text, "{\"num_hidden_layers\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, %s}",
+             dtypes[i][0]);
+    write_file(cfg, text);
+    snprintf(args, sizeof args, "%s plan --config %s --requests 10 --prefill 5000 --json", bin(), cfg);
+    out = run(args, &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, dtypes[i][1]));
+    free(out);
+  }
+  tu_rmtree(dir);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -450,6 +496,7 @@ int main(void) {
       cmocka_unit_test(test_mooncake_unbounded_is_max_reuse),
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_file_messages),
+      cmocka_unit_test(test_config_prefill_and_dtype),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

@@ -265,9 +265,16 @@ static int setup(const plan_cfg *c, plan_setup *p)
   if (!rc) rc = parse_num("--nvme-write", c->nvme_write, 0.6, 1e-3, 1e4, &p->write_gbps);
   if (!rc) rc = parse_num("--gpu-tflops", c->tflops, 400, 1e-3, 1e6, &tflops);
   /* Prefill costs about 2 FLOPs per weight per token (attention aside). */
-  if (!rc) rc = parse_num("--prefill", c->prefill, tflops * 1e12 / (2 * p->m.params), 1, 1e9,
-                          &p->prefill_tps);
+  double def_tps = tflops * 1e12 / (2 * p->m.params);
+  if (!rc) rc = parse_num("--prefill", c->prefill, def_tps, 1, 1e9, &p->prefill_tps);
   if (rc) return rc;
+  if (!c->prefill && !(p->m.params > 0 && isfinite(def_tps) && def_tps >= 1 && def_tps <= 1e9)) {
+    fprintf(stderr, "kvtier plan: %s: cannot estimate the prefill speed from the weights "
+                    "(%.3g estimated; config.json needs hidden_size or num_attention_heads, "
+                    "intermediate_size and vocab_size); give --prefill TOK/S\n",
+            p->m.name, p->m.params);
+    return CLI_USAGE;
+  }
   if (kvt_codec_parse(c->codec ? c->codec : "k8v3", &p->k_codec, &p->v_codec))
     return bad("--codec", c->codec, "a codec pair such as k8v3, k8cv3, k4v2");
   p->hot_bytes = (uint64_t)(hot * (1ull << 30));

@@ -113,8 +113,13 @@ int plan_model_config(const char *path, plan_model *m)
     m->n_layers = (uint32_t)L;
     m->n_kv_heads = (uint32_t)kv;
     m->head_dim = (uint32_t)d;
-    json_t *dt = json_object_get(c, "torch_dtype");
-    if (!json_is_string(dt)) dt = json_object_get(root, "torch_dtype");
+    /* "dtype" in newer configs, "torch_dtype" in older ones */
+    json_t *dt = NULL;
+    const char *keys[2] = {"dtype", "torch_dtype"};
+    for (int k = 0; k < 2 && !json_is_string(dt); k++) {
+      dt = json_object_get(c, keys[k]);
+      if (!json_is_string(dt)) dt = json_object_get(root, keys[k]);
+    }
     const char *dts = json_is_string(dt) ? json_string_value(dt) : "bfloat16";
     m->dtype = strcmp(dts, "float32") == 0 ? KVT_F32 : strcmp(dts, "float16") == 0 ? KVT_F16 : KVT_BF16;
     m->params = estimate_params(L, h ? h : q * d, kv * d, member_u64(c, "intermediate_size"),
