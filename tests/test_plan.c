@@ -372,6 +372,7 @@ static void test_bad_input(void **state) {
   expect_exit("--model llama-3.1-8b --bogus", 2);
   expect_exit("--model llama-3.1-8b --config x.json", 2);
   expect_exit("--model llama-3.1-8b --trace /no/such/file.jsonl", 1);
+  expect_exit("--model llama-3.1-8b --trace x.jsonl --output 0", 2); /* 0 is given too */
   const char *bad_lines[] = {
       "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\nnot json\n",
       "{\"timestamp\": 0, \"input_length\": -5, \"output_length\": 1, \"hash_ids\": [1]}\n",
@@ -487,6 +488,23 @@ static void test_config_prefill_and_dtype(void **state) {
   tu_rmtree(dir);
 }
 
+/* --output 0 is a value, not "not given". */
+static void test_output_zero(void **state) {
+  (void)state;
+  char cmd[1024];
+  int st;
+  snprintf(cmd, sizeof cmd, "%s plan --model qwen2.5-7b --requests 10 --output 0 --json", bin());
+  char *out = run(cmd, &st);
+  assert_int_equal(st, 0);
+  assert_int_equal(json_u64_in(out, NULL, "output_tokens"), 0);
+  free(out);
+  snprintf(cmd, sizeof cmd, "%s plan --model qwen2.5-7b --requests 10 --json", bin());
+  out = run(cmd, &st);
+  assert_int_equal(st, 0);
+  assert_int_equal(json_u64_in(out, NULL, "output_tokens"), 10 * 256);
+  free(out);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -497,6 +515,7 @@ int main(void) {
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_file_messages),
       cmocka_unit_test(test_config_prefill_and_dtype),
+      cmocka_unit_test(test_output_zero),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

@@ -26,6 +26,7 @@
 
 #define CAP_INF UINT64_MAX /* unbounded capacity */
 #define MAX_CAPS 32
+#define OUTPUT_UNSET UINT64_MAX /* --output not given (0 is a valid value) */
 
 typedef struct plan_cfg {
   const char *model, *config, *trace, *policy, *codec, *svg, *caps;
@@ -33,6 +34,7 @@ typedef struct plan_cfg {
   const char *shared, *rate;
   uint64_t agents, context, requests, output;
   int sweep, json;
+  int output_set;              /* --output was given (c->output may be 0) */
 } plan_cfg;
 
 /* Everything derived from the options, in units the replay uses. */
@@ -227,7 +229,7 @@ static int setup_model(const plan_cfg *c, plan_setup *p)
 static int setup_workload(const plan_cfg *c, plan_setup *p)
 {
   if (c->trace) {
-    if (c->agents || c->context || c->shared || c->rate || c->requests || c->output) {
+    if (c->agents || c->context || c->shared || c->rate || c->requests || c->output_set) {
       fprintf(stderr, "kvtier plan: --trace and the synthetic options exclude each other\n");
       return CLI_USAGE;
     }
@@ -242,7 +244,7 @@ static int setup_workload(const plan_cfg *c, plan_setup *p)
     if (plan_trace_synth(&p->t, c->agents ? (uint32_t)c->agents : 32,
                          c->context ? (uint32_t)c->context : 16384, shared, rate,
                          c->requests ? (uint32_t)c->requests : 4096,
-                         c->output ? (uint32_t)c->output : 256)) {
+                         c->output_set ? (uint32_t)c->output : 256)) {
       fprintf(stderr, "kvtier plan: out of memory\n");
       return CLI_FAIL;
     }
@@ -821,11 +823,13 @@ static int plan_svg(const char *path, const char *title, const sweep_row *rows, 
 int cmd_plan(int argc, char **argv)
 {
   plan_cfg c = {0};
+  c.output = OUTPUT_UNSET; /* cli_parse writes it only when given */
   cli_opt o[PLAN_N_OPTS];
   plan_opts(&c, o);
   int help = 0;
   int rc = cli_parse("plan", argc - 1, argv + 1, o, PLAN_N_OPTS, &help);
   if (rc != CLI_OK) return rc;
+  c.output_set = c.output != OUTPUT_UNSET;
   if (help) {
     plan_usage(stdout);
     return CLI_OK;
