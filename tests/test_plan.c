@@ -505,6 +505,46 @@ static void test_output_zero(void **state) {
   free(out);
 }
 
+/* The shape plan folds a model into (as tools/plan.c fold_shape does). */
+static kvt_shape folded(uint32_t layers, uint32_t heads, uint32_t dim) {
+  for (uint32_t g = layers; g >= 1; g--) {
+    if (layers % g) continue;
+    kvt_shape s = {layers / g, heads * g, dim, KVT_BF16, BT};
+    if (s.n_kv_heads <= KVT_MAX_HEADS && 2 * (uint64_t)kvt_shape_block_bytes(&s) <= KVT_MAX_BLOCK_BYTES)
+      return s;
+  }
+  fail();
+  return (kvt_shape){0};
+}
+
+/* A capacity whose bytes pass 2^64 is unbounded, not wrapped: the blocks
+ * here times the folded record pass 2^64 by less than one record, so a
+ * wrapped limit holds nothing and the hit rate would be 0. */
+static void test_huge_capacity(void **state) {
+  (void)state;
+  kvt_shape sh = folded(80, 8, 128); /* llama-3.1-70b */
+  uint64_t rec = kvt_cold_record_bytes(&sh);
+  uint64_t blocks = UINT64_MAX / rec + 1; /* blocks * rec = 2^64 + (less than rec) */
+  assert_true(blocks * rec < rec);        /* it does wrap */
+  char cmd[1024];
+  int st;
+  uint64_t saved[2];
+  for (int i = 0; i < 2; i++) {
+    char cap[32];
+    if (i) snprintf(cap, sizeof cap, "inf");
+    else snprintf(cap, sizeof cap, "%llu", (unsigned long long)(blocks * BT));
+    snprintf(cmd, sizeof cmd, "%s plan --model llama-3.1-70b --requests 40 --agents 4 --context 4096"
+             " --cold-tokens %s --json", bin(), cap);
+    char *out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    saved[i] = json_u64_in(out, "\"replay\": {", "prefill_tokens_saved");
+    assert_int_equal(json_u64_in(out, "\"replay\": {", "cold_evictions"), 0);
+    free(out);
+  }
+  assert_true(saved[1] > 0);
+  assert_int_equal(saved[0], saved[1]);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -516,6 +556,7 @@ int main(void) {
       cmocka_unit_test(test_file_messages),
       cmocka_unit_test(test_config_prefill_and_dtype),
       cmocka_unit_test(test_output_zero),
+      cmocka_unit_test(test_huge_capacity),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

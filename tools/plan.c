@@ -309,8 +309,11 @@ static int setup(const plan_cfg *c, plan_setup *p)
 
 static uint64_t cold_limit(const plan_setup *p, uint64_t cap_tokens)
 {
-  if (cap_tokens == CAP_INF) return 1ull << 62; /* beyond any trace */
-  return cap_tokens / PLAN_BLOCK_TOKENS * p->rec_folded;
+  const uint64_t unbounded = 1ull << 62; /* beyond any trace */
+  uint64_t blocks = cap_tokens / PLAN_BLOCK_TOKENS;
+  /* A capacity whose bytes pass the unbounded limit (or 2^64) is unbounded. */
+  if (cap_tokens == CAP_INF || blocks > unbounded / p->rec_folded) return unbounded;
+  return blocks * p->rec_folded;
 }
 
 static int sim_open(const plan_setup *p, uint64_t cap_tokens, int policy, sim *s)
@@ -676,6 +679,12 @@ static int sweep_one(const plan_setup *p, uint64_t cap, sweep_row *row)
   return rc;
 }
 
+/* The cold bytes of a capacity (in double: huge capacities pass 2^64). */
+static double cap_bytes(const plan_setup *p, uint64_t cap)
+{
+  return (double)(cap / PLAN_BLOCK_TOKENS) * (double)p->rec_true;
+}
+
 static void sweep_text(const plan_setup *p, const sweep_row *rows, size_t n)
 {
   char b[32], c[32];
@@ -687,8 +696,10 @@ static void sweep_text(const plan_setup *p, const sweep_row *rows, size_t n)
   for (size_t i = 0; i < n; i++) {
     const sweep_row *r = &rows[i];
     fmt_tokens(c, sizeof c, r->cap);
+    double cb = cap_bytes(p, r->cap);
     if (r->cap == CAP_INF) snprintf(b, sizeof b, "-");
-    else fmt_bytes(b, sizeof b, r->cap / PLAN_BLOCK_TOKENS * p->rec_true);
+    else if (cb < 0x1p64) fmt_bytes(b, sizeof b, (uint64_t)cb);
+    else snprintf(b, sizeof b, "%.0f TiB", cb / 0x1p40);
     printf("  %10s %12s %9.1f%% %9.1f%% %+7.1f%% %11.1fM %8.2f GB/s\n", c, b, 100 * r->hit,
            100 * r->lru_hit, 100 * (r->hit - r->lru_hit), r->saved / 1e6, r->read_peak);
   }
@@ -705,7 +716,7 @@ static void sweep_json(const plan_setup *p, const sweep_row *rows, size_t n)
     else printf("%" PRIu64 ", \"unbounded\": false", r->cap);
     printf(", \"cold_bytes\": ");
     if (r->cap == CAP_INF) printf("null");
-    else printf("%" PRIu64, r->cap / PLAN_BLOCK_TOKENS * p->rec_true);
+    else printf("%.0f", cap_bytes(p, r->cap));
     printf(", \"hit_rate\": %.6f, \"lru_hit_rate\": %.6f, \"prefill_tokens_saved\": %" PRIu64
            ", \"lru_prefill_tokens_saved\": %" PRIu64 ", \"evictions\": %" PRIu64
            ", \"lru_evictions\": %" PRIu64 ", \"cold_hits_faster_than_recompute\": %.6f"
