@@ -373,6 +373,7 @@ static void test_bad_input(void **state) {
   expect_exit("--model llama-3.1-8b --config x.json", 2);
   expect_exit("--model llama-3.1-8b --trace /no/such/file.jsonl", 1);
   expect_exit("--model llama-3.1-8b --trace x.jsonl --output 0", 2); /* 0 is given too */
+  expect_exit("--model llama-3.1-8b --svg x.svg", 2);                /* needs --sweep */
   const char *bad_lines[] = {
       "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\nnot json\n",
       "{\"timestamp\": 0, \"input_length\": -5, \"output_length\": 1, \"hash_ids\": [1]}\n",
@@ -545,6 +546,27 @@ static void test_huge_capacity(void **state) {
   assert_int_equal(saved[0], saved[1]);
 }
 
+/* --capacities sorted and each once: the rows (and the chart) ascend. */
+static void test_capacities_sorted(void **state) {
+  (void)state;
+  char cmd[1024];
+  int st;
+  snprintf(cmd, sizeof cmd, "%s plan --model qwen2.5-7b --requests 20 --agents 2 --context 2048 --sweep"
+           " --capacities 3M,1M,3M,inf,1000K,inf --json", bin());
+  char *out = run(cmd, &st);
+  assert_int_equal(st, 0);
+  const char *p = out, *want[] = {"1000000,", "3000000,", "null,"};
+  size_t rows = 0;
+  while ((p = strstr(p, "\"capacity_tokens\": "))) {
+    p += strlen("\"capacity_tokens\": ");
+    assert_true(rows < 3);
+    assert_memory_equal(p, want[rows], strlen(want[rows]));
+    rows++;
+  }
+  assert_int_equal(rows, 3);
+  free(out);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -557,6 +579,7 @@ int main(void) {
       cmocka_unit_test(test_config_prefill_and_dtype),
       cmocka_unit_test(test_output_zero),
       cmocka_unit_test(test_huge_capacity),
+      cmocka_unit_test(test_capacities_sorted),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

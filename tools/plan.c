@@ -95,7 +95,7 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: chain (default), chain-leaf, lru"},
       {"--sweep", NULL, CLI_FLAG, &c->sweep, 0, 0, "replay at several cold capacities, hot and warm at 0"},
       {"--capacities", "LIST", CLI_STR, &c->caps, 0, 0, "sweep capacities (default 1M,2M,3M,5M,10M,20M,50M,inf)"},
-      {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg; not with --json)"},
+      {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg, none with --json)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as JSON"},
   };
   memcpy(o, t, sizeof t);
@@ -165,6 +165,12 @@ static int parse_tokens(const char *s, uint64_t *out)
   return 0;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int parse_caps(const char *list, plan_setup *p)
 {
   char buf[512];
@@ -176,6 +182,12 @@ static int parse_caps(const char *list, plan_setup *p)
       return bad("--capacities", tok, "token counts of at least 512 (e.g. 3M) or inf");
   }
   if (p->n_caps == 0) return bad("--capacities", list, "a comma-separated list");
+  /* Ascending, each once: the table and the chart's x axis go left to right. */
+  qsort(p->caps, p->n_caps, sizeof *p->caps, cmp_u64);
+  size_t n = 1;
+  for (size_t i = 1; i < p->n_caps; i++)
+    if (p->caps[i] != p->caps[n - 1]) p->caps[n++] = p->caps[i];
+  p->n_caps = n;
   return CLI_OK;
 }
 
@@ -293,8 +305,8 @@ static int setup(const plan_cfg *c, plan_setup *p)
     }
     rc = parse_caps(c->caps ? c->caps : "1M,2M,3M,5M,10M,20M,50M,inf", p);
   } else {
-    if (c->caps) {
-      fprintf(stderr, "kvtier plan: --capacities needs --sweep\n");
+    if (c->caps || c->svg) {
+      fprintf(stderr, "kvtier plan: %s needs --sweep\n", c->caps ? "--capacities" : "--svg");
       return CLI_USAGE;
     }
     p->n_caps = 1;
