@@ -374,6 +374,8 @@ static void test_bad_input(void **state) {
   expect_exit("--model llama-3.1-8b --trace /no/such/file.jsonl", 1);
   expect_exit("--model llama-3.1-8b --trace x.jsonl --output 0", 2); /* 0 is given too */
   expect_exit("--model llama-3.1-8b --svg x.svg", 2);                /* needs --sweep */
+  expect_exit("--model llama-3.1-8b --admit-min-seen 2", 2);         /* needs --hot */
+  expect_exit("--model llama-3.1-8b --admit-min-seen 0", 2);
   const char *bad_lines[] = {
       "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\nnot json\n",
       "{\"timestamp\": 0, \"input_length\": -5, \"output_length\": 1, \"hash_ids\": [1]}\n",
@@ -567,6 +569,31 @@ static void test_capacities_sorted(void **state) {
   free(out);
 }
 
+/* --admit-min-seen reaches the engine: a block waits in the hot tier until
+ * seen twice, so less is written to the cold tier; 1 is the default. */
+static void test_admit_min_seen(void **state) {
+  (void)state;
+  char cmd[1024];
+  int st;
+  uint64_t written[3], saved[3];
+  const char *opt[] = {"", "--admit-min-seen 1", "--admit-min-seen 2"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, "%s plan --model llama-3.1-8b --requests 200 --agents 8 --context 4096"
+             " --hot 1 %s --json", bin(), opt[i]);
+    char *out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    written[i] = json_u64_in(out, "\"replay\": {", "cold_written_bytes");
+    saved[i] = json_u64_in(out, "\"replay\": {", "prefill_tokens_saved");
+    assert_int_equal(json_u64_in(out, NULL, "admit_min_seen"), i == 2 ? 2 : 1);
+    free(out);
+  }
+  print_message("cold written: %llu by default, %llu with min seen 2\n",
+                (unsigned long long)written[0], (unsigned long long)written[2]);
+  assert_int_equal(written[0], written[1]);
+  assert_int_equal(saved[0], saved[1]);
+  assert_true(written[2] > 0 && written[2] < written[0]);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -580,6 +607,7 @@ int main(void) {
       cmocka_unit_test(test_output_zero),
       cmocka_unit_test(test_huge_capacity),
       cmocka_unit_test(test_capacities_sorted),
+      cmocka_unit_test(test_admit_min_seen),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

@@ -32,7 +32,7 @@ typedef struct plan_cfg {
   const char *model, *config, *trace, *policy, *codec, *svg, *caps;
   const char *hot_gib, *warm_gib, *cold_tokens, *nvme_read, *nvme_write, *prefill, *tflops;
   const char *shared, *rate;
-  uint64_t agents, context, requests, output;
+  uint64_t agents, context, requests, output, min_seen;
   int sweep, json;
   int output_set;              /* --output was given (c->output may be 0) */
 } plan_cfg;
@@ -42,6 +42,7 @@ typedef struct plan_setup {
   plan_model m;
   plan_trace t;
   int policy;                  /* KVT_EVICT_* of the engine under test */
+  uint32_t min_seen;           /* kvt_options.cold_admit_min_seen */
   int k_codec, v_codec;        /* warm codecs */
   uint64_t hot_bytes, warm_bytes;
   uint64_t caps[MAX_CAPS];     /* cold capacities in tokens (CAP_INF: unbounded) */
@@ -70,7 +71,7 @@ typedef struct sim {
 
 /* ---- options -------------------------------------------------------------- */
 
-#define PLAN_N_OPTS 22
+#define PLAN_N_OPTS 23
 
 static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
 {
@@ -92,6 +93,8 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--nvme-write", "GBPS", CLI_STR, &c->nvme_write, 0, 0, "device write bandwidth, GB/s (default 0.6)"},
       {"--prefill", "TOK/S", CLI_STR, &c->prefill, 0, 0, "GPU prefill speed (default: from the weights)"},
       {"--gpu-tflops", "T", CLI_STR, &c->tflops, 0, 0, "effective GPU TFLOP/s for that default (400)"},
+      {"--admit-min-seen", "N", CLI_U64, &c->min_seen, 1, 1u << 20,
+       "cold admission: write a block once seen N times (default 1)"},
       {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: chain (default), chain-leaf, lru"},
       {"--sweep", NULL, CLI_FLAG, &c->sweep, 0, 0, "replay at several cold capacities, hot and warm at 0"},
       {"--capacities", "LIST", CLI_STR, &c->caps, 0, 0, "sweep capacities (default 1M,2M,3M,5M,10M,20M,50M,inf)"},
@@ -273,6 +276,7 @@ static int setup(const plan_cfg *c, plan_setup *p)
   double hot, warm, tflops;
   int rc = setup_model(c, p);
   if (!rc) rc = parse_policy(c->policy, &p->policy);
+  p->min_seen = c->min_seen ? (uint32_t)c->min_seen : 1;
   if (!rc) rc = parse_num("--hot", c->hot_gib, 0, 0, 1 << 24, &hot);
   if (!rc) rc = parse_num("--warm", c->warm_gib, 0, 0, 1 << 24, &warm);
   if (!rc) rc = parse_num("--nvme-read", c->nvme_read, 1.5, 1e-3, 1e4, &p->read_gbps);
@@ -293,6 +297,11 @@ static int setup(const plan_cfg *c, plan_setup *p)
     return bad("--codec", c->codec, "a codec pair such as k8v3, k8cv3, k4v2");
   p->hot_bytes = (uint64_t)(hot * (1ull << 30));
   p->warm_bytes = (uint64_t)(warm * (1ull << 30));
+  if (p->min_seen > 1 && p->hot_bytes == 0) {
+    fprintf(stderr, "kvtier plan: --admit-min-seen above 1 needs --hot: a block waits in the hot "
+                    "tier until it is seen that often (with no hot tier nothing is admitted)\n");
+    return CLI_USAGE;
+  }
   p->latency_us = 80; /* a read's latency, MEASURED.md: ~80 us at depth 1 */
   if (c->sweep) {
     if (c->cold_tokens) {
@@ -340,6 +349,7 @@ static int sim_open(const plan_setup *p, uint64_t cap_tokens, int policy, sim *s
   o.tier_bytes_limit[KVT_TIER_WARM] = p->warm_bytes;
   o.tier_bytes_limit[KVT_TIER_COLD] = cold_limit(p, cap_tokens);
   o.cold_evict = (uint32_t)policy;
+  o.cold_admit_min_seen = p->min_seen;
   o.max_seq_blocks = PLAN_MAX_BLOCKS;
   int rc = kvt_engine_open(NULL, &o, &s->e);
   if (rc) return cli_lib_error("plan", "opening a metadata-only engine", rc);
@@ -535,7 +545,7 @@ static void json_header(const plan_setup *p)
   printf(", \"requests\": %zu, \"duration_s\": %.3f, \"input_tokens\": %" PRIu64
          ", \"output_tokens\": %" PRIu64 "},\n",
          p->t.n, p->duration_s, p->t.input_tokens, p->t.output_tokens);
-  printf(" \"policy\": \"%s\",\n", policy_name(p->policy));
+  printf(" \"policy\": \"%s\", \"admit_min_seen\": %u,\n", policy_name(p->policy), p->min_seen);
 }
 
 /* ---- one replay, full report ---------------------------------------------- */
