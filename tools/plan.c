@@ -26,13 +26,15 @@
 
 #define CAP_INF UINT64_MAX /* unbounded capacity */
 #define MAX_CAPS 32
+#define OUTPUT_UNSET UINT64_MAX /* --output not given (0 is a valid value) */
 
 typedef struct plan_cfg {
   const char *model, *config, *trace, *policy, *codec, *svg, *caps;
   const char *hot_gib, *warm_gib, *cold_tokens, *nvme_read, *nvme_write, *prefill, *tflops;
   const char *shared, *rate;
-  uint64_t agents, context, requests, output;
+  uint64_t agents, context, requests, output, min_seen;
   int sweep, json;
+  int output_set;              /* --output was given (c->output may be 0) */
 } plan_cfg;
 
 /* Everything derived from the options, in units the replay uses. */
@@ -40,6 +42,7 @@ typedef struct plan_setup {
   plan_model m;
   plan_trace t;
   int policy;                  /* KVT_EVICT_* of the engine under test */
+  uint32_t min_seen;           /* kvt_options.cold_admit_min_seen */
   int k_codec, v_codec;        /* warm codecs */
   uint64_t hot_bytes, warm_bytes;
   uint64_t caps[MAX_CAPS];     /* cold capacities in tokens (CAP_INF: unbounded) */
@@ -68,7 +71,7 @@ typedef struct sim {
 
 /* ---- options -------------------------------------------------------------- */
 
-#define PLAN_N_OPTS 22
+#define PLAN_N_OPTS 23
 
 static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
 {
@@ -90,10 +93,12 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--nvme-write", "GBPS", CLI_STR, &c->nvme_write, 0, 0, "device write bandwidth, GB/s (default 0.6)"},
       {"--prefill", "TOK/S", CLI_STR, &c->prefill, 0, 0, "GPU prefill speed (default: from the weights)"},
       {"--gpu-tflops", "T", CLI_STR, &c->tflops, 0, 0, "effective GPU TFLOP/s for that default (400)"},
+      {"--admit-min-seen", "N", CLI_U64, &c->min_seen, 1, 1u << 20,
+       "cold admission: write a block once seen N times (default 1)"},
       {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: chain (default), chain-leaf, lru"},
       {"--sweep", NULL, CLI_FLAG, &c->sweep, 0, 0, "replay at several cold capacities, hot and warm at 0"},
       {"--capacities", "LIST", CLI_STR, &c->caps, 0, 0, "sweep capacities (default 1M,2M,3M,5M,10M,20M,50M,inf)"},
-      {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg; not with --json)"},
+      {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg, none with --json)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as JSON"},
   };
   memcpy(o, t, sizeof t);
@@ -163,6 +168,12 @@ static int parse_tokens(const char *s, uint64_t *out)
   return 0;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 static int parse_caps(const char *list, plan_setup *p)
 {
   char buf[512];
@@ -174,6 +185,12 @@ static int parse_caps(const char *list, plan_setup *p)
       return bad("--capacities", tok, "token counts of at least 512 (e.g. 3M) or inf");
   }
   if (p->n_caps == 0) return bad("--capacities", list, "a comma-separated list");
+  /* Ascending, each once: the table and the chart's x axis go left to right. */
+  qsort(p->caps, p->n_caps, sizeof *p->caps, cmp_u64);
+  size_t n = 1;
+  for (size_t i = 1; i < p->n_caps; i++)
+    if (p->caps[i] != p->caps[n - 1]) p->caps[n++] = p->caps[i];
+  p->n_caps = n;
   return CLI_OK;
 }
 
@@ -227,7 +244,7 @@ static int setup_model(const plan_cfg *c, plan_setup *p)
 static int setup_workload(const plan_cfg *c, plan_setup *p)
 {
   if (c->trace) {
-    if (c->agents || c->context || c->shared || c->rate || c->requests || c->output) {
+    if (c->agents || c->context || c->shared || c->rate || c->requests || c->output_set) {
       fprintf(stderr, "kvtier plan: --trace and the synthetic options exclude each other\n");
       return CLI_USAGE;
     }
@@ -242,7 +259,7 @@ static int setup_workload(const plan_cfg *c, plan_setup *p)
     if (plan_trace_synth(&p->t, c->agents ? (uint32_t)c->agents : 32,
                          c->context ? (uint32_t)c->context : 16384, shared, rate,
                          c->requests ? (uint32_t)c->requests : 4096,
-                         c->output ? (uint32_t)c->output : 256)) {
+                         c->output_set ? (uint32_t)c->output : 256)) {
       fprintf(stderr, "kvtier plan: out of memory\n");
       return CLI_FAIL;
     }
@@ -259,19 +276,32 @@ static int setup(const plan_cfg *c, plan_setup *p)
   double hot, warm, tflops;
   int rc = setup_model(c, p);
   if (!rc) rc = parse_policy(c->policy, &p->policy);
+  p->min_seen = c->min_seen ? (uint32_t)c->min_seen : 1;
   if (!rc) rc = parse_num("--hot", c->hot_gib, 0, 0, 1 << 24, &hot);
   if (!rc) rc = parse_num("--warm", c->warm_gib, 0, 0, 1 << 24, &warm);
   if (!rc) rc = parse_num("--nvme-read", c->nvme_read, 1.5, 1e-3, 1e4, &p->read_gbps);
   if (!rc) rc = parse_num("--nvme-write", c->nvme_write, 0.6, 1e-3, 1e4, &p->write_gbps);
   if (!rc) rc = parse_num("--gpu-tflops", c->tflops, 400, 1e-3, 1e6, &tflops);
   /* Prefill costs about 2 FLOPs per weight per token (attention aside). */
-  if (!rc) rc = parse_num("--prefill", c->prefill, tflops * 1e12 / (2 * p->m.params), 1, 1e9,
-                          &p->prefill_tps);
+  double def_tps = tflops * 1e12 / (2 * p->m.params);
+  if (!rc) rc = parse_num("--prefill", c->prefill, def_tps, 1, 1e9, &p->prefill_tps);
   if (rc) return rc;
+  if (!c->prefill && !(p->m.params > 0 && isfinite(def_tps) && def_tps >= 1 && def_tps <= 1e9)) {
+    fprintf(stderr, "kvtier plan: %s: cannot estimate the prefill speed from the weights "
+                    "(%.3g estimated; config.json needs hidden_size or num_attention_heads, "
+                    "intermediate_size and vocab_size); give --prefill TOK/S\n",
+            p->m.name, p->m.params);
+    return CLI_USAGE;
+  }
   if (kvt_codec_parse(c->codec ? c->codec : "k8v3", &p->k_codec, &p->v_codec))
     return bad("--codec", c->codec, "a codec pair such as k8v3, k8cv3, k4v2");
   p->hot_bytes = (uint64_t)(hot * (1ull << 30));
   p->warm_bytes = (uint64_t)(warm * (1ull << 30));
+  if (p->min_seen > 1 && p->hot_bytes == 0) {
+    fprintf(stderr, "kvtier plan: --admit-min-seen above 1 needs --hot: a block waits in the hot "
+                    "tier until it is seen that often (with no hot tier nothing is admitted)\n");
+    return CLI_USAGE;
+  }
   p->latency_us = 80; /* a read's latency, MEASURED.md: ~80 us at depth 1 */
   if (c->sweep) {
     if (c->cold_tokens) {
@@ -284,8 +314,8 @@ static int setup(const plan_cfg *c, plan_setup *p)
     }
     rc = parse_caps(c->caps ? c->caps : "1M,2M,3M,5M,10M,20M,50M,inf", p);
   } else {
-    if (c->caps) {
-      fprintf(stderr, "kvtier plan: --capacities needs --sweep\n");
+    if (c->caps || c->svg) {
+      fprintf(stderr, "kvtier plan: %s needs --sweep\n", c->caps ? "--capacities" : "--svg");
       return CLI_USAGE;
     }
     p->n_caps = 1;
@@ -300,8 +330,11 @@ static int setup(const plan_cfg *c, plan_setup *p)
 
 static uint64_t cold_limit(const plan_setup *p, uint64_t cap_tokens)
 {
-  if (cap_tokens == CAP_INF) return 1ull << 62; /* beyond any trace */
-  return cap_tokens / PLAN_BLOCK_TOKENS * p->rec_folded;
+  const uint64_t unbounded = 1ull << 62; /* beyond any trace */
+  uint64_t blocks = cap_tokens / PLAN_BLOCK_TOKENS;
+  /* A capacity whose bytes pass the unbounded limit (or 2^64) is unbounded. */
+  if (cap_tokens == CAP_INF || blocks > unbounded / p->rec_folded) return unbounded;
+  return blocks * p->rec_folded;
 }
 
 static int sim_open(const plan_setup *p, uint64_t cap_tokens, int policy, sim *s)
@@ -316,6 +349,7 @@ static int sim_open(const plan_setup *p, uint64_t cap_tokens, int policy, sim *s
   o.tier_bytes_limit[KVT_TIER_WARM] = p->warm_bytes;
   o.tier_bytes_limit[KVT_TIER_COLD] = cold_limit(p, cap_tokens);
   o.cold_evict = (uint32_t)policy;
+  o.cold_admit_min_seen = p->min_seen;
   o.max_seq_blocks = PLAN_MAX_BLOCKS;
   int rc = kvt_engine_open(NULL, &o, &s->e);
   if (rc) return cli_lib_error("plan", "opening a metadata-only engine", rc);
@@ -511,7 +545,7 @@ static void json_header(const plan_setup *p)
   printf(", \"requests\": %zu, \"duration_s\": %.3f, \"input_tokens\": %" PRIu64
          ", \"output_tokens\": %" PRIu64 "},\n",
          p->t.n, p->duration_s, p->t.input_tokens, p->t.output_tokens);
-  printf(" \"policy\": \"%s\",\n", policy_name(p->policy));
+  printf(" \"policy\": \"%s\", \"admit_min_seen\": %u,\n", policy_name(p->policy), p->min_seen);
 }
 
 /* ---- one replay, full report ---------------------------------------------- */
@@ -667,6 +701,12 @@ static int sweep_one(const plan_setup *p, uint64_t cap, sweep_row *row)
   return rc;
 }
 
+/* The cold bytes of a capacity (in double: huge capacities pass 2^64). */
+static double cap_bytes(const plan_setup *p, uint64_t cap)
+{
+  return (double)(cap / PLAN_BLOCK_TOKENS) * (double)p->rec_true;
+}
+
 static void sweep_text(const plan_setup *p, const sweep_row *rows, size_t n)
 {
   char b[32], c[32];
@@ -678,8 +718,10 @@ static void sweep_text(const plan_setup *p, const sweep_row *rows, size_t n)
   for (size_t i = 0; i < n; i++) {
     const sweep_row *r = &rows[i];
     fmt_tokens(c, sizeof c, r->cap);
+    double cb = cap_bytes(p, r->cap);
     if (r->cap == CAP_INF) snprintf(b, sizeof b, "-");
-    else fmt_bytes(b, sizeof b, r->cap / PLAN_BLOCK_TOKENS * p->rec_true);
+    else if (cb < 0x1p64) fmt_bytes(b, sizeof b, (uint64_t)cb);
+    else snprintf(b, sizeof b, "%.0f TiB", cb / 0x1p40);
     printf("  %10s %12s %9.1f%% %9.1f%% %+7.1f%% %11.1fM %8.2f GB/s\n", c, b, 100 * r->hit,
            100 * r->lru_hit, 100 * (r->hit - r->lru_hit), r->saved / 1e6, r->read_peak);
   }
@@ -696,7 +738,7 @@ static void sweep_json(const plan_setup *p, const sweep_row *rows, size_t n)
     else printf("%" PRIu64 ", \"unbounded\": false", r->cap);
     printf(", \"cold_bytes\": ");
     if (r->cap == CAP_INF) printf("null");
-    else printf("%" PRIu64, r->cap / PLAN_BLOCK_TOKENS * p->rec_true);
+    else printf("%.0f", cap_bytes(p, r->cap));
     printf(", \"hit_rate\": %.6f, \"lru_hit_rate\": %.6f, \"prefill_tokens_saved\": %" PRIu64
            ", \"lru_prefill_tokens_saved\": %" PRIu64 ", \"evictions\": %" PRIu64
            ", \"lru_evictions\": %" PRIu64 ", \"cold_hits_faster_than_recompute\": %.6f"
@@ -814,11 +856,13 @@ static int plan_svg(const char *path, const char *title, const sweep_row *rows, 
 int cmd_plan(int argc, char **argv)
 {
   plan_cfg c = {0};
+  c.output = OUTPUT_UNSET; /* cli_parse writes it only when given */
   cli_opt o[PLAN_N_OPTS];
   plan_opts(&c, o);
   int help = 0;
   int rc = cli_parse("plan", argc - 1, argv + 1, o, PLAN_N_OPTS, &help);
   if (rc != CLI_OK) return rc;
+  c.output_set = c.output != OUTPUT_UNSET;
   if (help) {
     plan_usage(stdout);
     return CLI_OK;

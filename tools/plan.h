@@ -23,7 +23,8 @@ typedef struct plan_model {
 int plan_model_builtin(const char *name, plan_model *m);
 /* A Hugging Face config.json: num_hidden_layers, num_key_value_heads
  * (else num_attention_heads), head_dim (else hidden_size /
- * num_attention_heads), torch_dtype; weights estimated from the sizes.
+ * num_attention_heads), dtype (else torch_dtype); weights estimated from
+ * the sizes (0 when they are missing).
  * 0, or -1 with the reason printed to stderr. */
 int plan_model_config(const char *path, plan_model *m);
 /* Print the built-in table, one model a line. */

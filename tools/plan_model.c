@@ -2,10 +2,12 @@
  * common models and Hugging Face config.json files read with jansson.
  * Only what decides KV size is read: layers, KV heads, head dim, dtype;
  * and enough of the sizes to estimate the weights (for prefill speed). */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "plan.h"
 
@@ -71,9 +73,19 @@ static double estimate_params(uint64_t L, uint64_t h, uint64_t kvd, uint64_t int
 int plan_model_config(const char *path, plan_model *m)
 {
   json_error_t err;
-  json_t *root = json_load_file(path, 0, &err);
+  FILE *f = fopen(path, "r");
+  struct stat sb;
+  if (!f || fstat(fileno(f), &sb) || S_ISDIR(sb.st_mode)) {
+    int e = !f ? errno : S_ISDIR(sb.st_mode) ? EISDIR : errno;
+    if (f) fclose(f);
+    fprintf(stderr, "kvtier plan: %s: cannot open: %s\n", path, strerror(e));
+    return -1;
+  }
+  json_t *root = json_loadf(f, 0, &err);
+  fclose(f);
   if (!root) {
-    fprintf(stderr, "kvtier plan: %s: line %d: %s\n", path, err.line, err.text);
+    if (err.line > 0) fprintf(stderr, "kvtier plan: %s: line %d: %s\n", path, err.line, err.text);
+    else fprintf(stderr, "kvtier plan: %s: %s\n", path, err.text);
     return -1;
   }
   int rc = 0;
@@ -101,8 +113,13 @@ int plan_model_config(const char *path, plan_model *m)
     m->n_layers = (uint32_t)L;
     m->n_kv_heads = (uint32_t)kv;
     m->head_dim = (uint32_t)d;
-    json_t *dt = json_object_get(c, "torch_dtype");
-    if (!json_is_string(dt)) dt = json_object_get(root, "torch_dtype");
+    /* "dtype" in newer configs, "torch_dtype" in older ones */
+    json_t *dt = NULL;
+    const char *keys[2] = {"dtype", "torch_dtype"};
+    for (int k = 0; k < 2 && !json_is_string(dt); k++) {
+      dt = json_object_get(c, keys[k]);
+      if (!json_is_string(dt)) dt = json_object_get(root, keys[k]);
+    }
     const char *dts = json_is_string(dt) ? json_string_value(dt) : "bfloat16";
     m->dtype = strcmp(dts, "float32") == 0 ? KVT_F32 : strcmp(dts, "float16") == 0 ? KVT_F16 : KVT_BF16;
     m->params = estimate_params(L, h ? h : q * d, kv * d, member_u64(c, "intermediate_size"),

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "plan.h"
 
@@ -107,14 +108,18 @@ int plan_trace_load(const char *path, plan_trace *t)
 {
   memset(t, 0, sizeof *t);
   FILE *f = fopen(path, "r");
-  if (!f) {
-    fprintf(stderr, "kvtier plan: %s: %s\n", path, strerror(errno));
+  struct stat sb;
+  if (!f || fstat(fileno(f), &sb) || S_ISDIR(sb.st_mode)) {
+    int e = !f ? errno : S_ISDIR(sb.st_mode) ? EISDIR : errno;
+    if (f) fclose(f);
+    fprintf(stderr, "kvtier plan: %s: cannot open: %s\n", path, strerror(e));
     return -1;
   }
   char *line = NULL;
   size_t cap = 0, line_no = 0;
   ssize_t len;
   int rc = 0;
+  errno = 0;
   while (!rc && (len = getline(&line, &cap, f)) >= 0) {
     line_no++;
     size_t n = (size_t)len;
@@ -122,7 +127,10 @@ int plan_trace_load(const char *path, plan_trace *t)
     if (n == 0) continue; /* blank lines are allowed */
     rc = parse_line(t, path, line_no, line);
   }
-  if (!rc && ferror(f)) rc = line_fail(path, line_no, strerror(errno));
+  if (!rc && ferror(f)) { /* a read error is the file's, not a line's */
+    fprintf(stderr, "kvtier plan: %s: %s\n", path, strerror(errno ? errno : EIO));
+    rc = -1;
+  }
   free(line);
   fclose(f);
   if (!rc && t->n == 0) {
