@@ -14,6 +14,8 @@ int bench_codec(int argc, char **argv); /* bench_codec.c: `kvtier bench codec` *
 void bench_codec_usage(FILE *f);      /* its part of bench_usage() */
 int bench_cold(int argc, char **argv); /* bench_cold.c: `kvtier bench cold` */
 void bench_cold_usage(FILE *f);       /* its part of bench_usage() */
+int cmd_eval(int argc, char **argv);  /* eval.c */
+void eval_usage(FILE *f);
 int cmd_stat(int argc, char **argv);  /* stat.c */
 void stat_usage(FILE *f);
 int cmd_fsck(int argc, char **argv);  /* stat.c */

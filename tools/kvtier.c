@@ -23,6 +23,8 @@ static const command commands[] = {
     {"bench", cmd_bench, bench_usage,
      "measure sharing (bench share), hot-tier speed (bench hot), the warm codecs' speed\n"
      "           and error (bench codec), the cold tier against the raw disk (bench cold)"},
+    {"eval", cmd_eval, eval_usage,
+     "the reference model's loss with a policy, budget or codec against the full cache"},
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,
