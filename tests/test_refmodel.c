@@ -230,7 +230,7 @@ static void test_nll_sanity(void **state) {
   NEED_DATA();
   rm_model m;
   load(&m);
-  enum { N = 4, LEN = 512 };
+  enum { N = 3, LEN = 512 };
   size_t V = (size_t)m.c.vocab_size;
   uint32_t *toks = malloc(LEN * sizeof *toks);
   double *lp = malloc(V * sizeof *lp), nll = 0;
