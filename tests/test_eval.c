@@ -2,7 +2,7 @@
  * the JSON keys the issue names, a full cache that equals itself, a
  * budget that keeps what it says in the trace (docs/trace-format.md),
  * --input, and bad command lines refused with a message and a non-zero
- * exit. Runs the kvtier binary ($KVTIER_BIN); skips, saying why, without
+ * exit; bench refmodel runs. Runs the kvtier binary ($KVTIER_BIN); skips, saying why, without
  * it or without the data. */
 #include <errno.h>
 #include <math.h>
@@ -176,12 +176,30 @@ static void test_bad_command_lines(void **state) {
   assert_int_not_equal(run("eval --model /nonexistent/model.bin", out, sizeof out), 0);
 }
 
+/* bench refmodel runs and reports its ratio (its speed is not asserted:
+ * timing belongs to the benchmark, not to the suite). */
+static void test_bench_refmodel_runs(void **state) {
+  (void)state;
+  NEED_ALL();
+  static char out[4096];
+  char args[4096];
+  snprintf(args, sizeof args, "bench refmodel --model %s --tokens 48 --rounds 1 --json", model);
+  assert_int_equal(run(args, out, sizeof out), 0);
+  assert_true(json_num(out, "kvtier_vs_plain") > 0);
+  /* a warm-up round and one round: one attend per step and layer */
+  assert_true(json_num(out, "attends") == 2 * 48 * 5);
+  snprintf(args, sizeof args, "bench refmodel --model %s --tokens 100000", model);
+  assert_int_not_equal(run(args, out, sizeof out), 0);
+  assert_int_not_equal(run("bench refmodel", out, sizeof out), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_json),
       cmocka_unit_test(test_budget_trace),
       cmocka_unit_test(test_input),
       cmocka_unit_test(test_bad_command_lines),
+      cmocka_unit_test(test_bench_refmodel_runs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
