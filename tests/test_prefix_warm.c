@@ -33,7 +33,6 @@ static kvt_engine *open_store(const char *dir) {
   kvt_options_init(&o);
   o.tier_bytes_limit[KVT_TIER_HOT] = 64u << 20;
   o.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 30;
-  o.cold_segment_bytes = 16u << 20;
   return tu_open(dir, &o);
 }
 

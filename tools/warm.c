@@ -13,8 +13,8 @@
 #include "refcli.h"
 #include "util.h"
 
-#define WARM_COLD_BYTES (64ull << 30)    /* cold tier limit (sparse files) */
-#define WARM_SEGMENT_BYTES (16ull << 20) /* one segment file */
+#define WARM_COLD_BYTES (64ull << 30) /* cold tier limit; segments keep the default
+                                         size, which `kvtier stat` assumes */
 
 typedef struct warm_cfg {
   const char *model, *tokens, *tokenizer, *prompts, *dir;
@@ -148,7 +148,6 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
   kvt_options_init(&o);
   o.tier_bytes_limit[KVT_TIER_HOT] = 512u << 20;
   o.tier_bytes_limit[KVT_TIER_COLD] = WARM_COLD_BYTES;
-  o.cold_segment_bytes = WARM_SEGMENT_BYTES;
   kvt_engine *e;
   kvt_ns_id ns;
   int rc = kvt_engine_open(c->dir, &o, &e);
