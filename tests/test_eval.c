@@ -150,6 +150,13 @@ static void test_input(void **state) {
   assert_true(json_num(a, "sequences") == 2);
   assert_true(json_num(a, "positions") == 2 * (100 - 64));
   f = fopen(path, "a");
+  fprintf(f, "1 5 6 7 8\n"); /* too short to score: counted, not averaged in */
+  fclose(f);
+  assert_int_equal(run(args, b, sizeof b), 0);
+  assert_true(json_num(b, "sequences") == 3);
+  assert_true(json_num(b, "sequences_scored") == 2);
+  assert_true(json_num(b, "nll") == json_num(a, "nll"));
+  f = fopen(path, "a");
   fprintf(f, "1 2 512\n");
   fclose(f);
   assert_int_equal(run(args, a, sizeof a), 1); /* token id out of range */

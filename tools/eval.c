@@ -41,7 +41,8 @@ typedef struct eval_run {
   size_t n_seqs;
   kvt_engine *e;
   kvt_ns_id ns;
-  double *nll, *nll_full, *kl, *top1; /* [n_seqs] per-sequence means */
+  double *nll, *nll_full, *kl, *top1; /* per-sequence means, [n_scored] of [n_seqs] */
+  size_t n_scored;                    /* sequences longer than EVAL_FIRST_TARGET */
   uint64_t positions;
   layer_acc *layers;                  /* [n_layers] */
   trace_w *tw;
@@ -248,11 +249,12 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
   rm_dec_free(&full);
   rm_dec_free(&d);
   if (rc) return rc;
-  double dn = n ? (double)n : NAN;
-  r->nll[i] = nll / dn;
-  r->nll_full[i] = nll_f / dn;
-  r->kl[i] = kl / dn;
-  r->top1[i] = agree / dn;
+  if (n == 0) return 0; /* too short to score: not in the means */
+  size_t k = r->n_scored++;
+  r->nll[k] = nll / (double)n;
+  r->nll_full[k] = nll_f / (double)n;
+  r->kl[k] = kl / (double)n;
+  r->top1[k] = agree / (double)n;
   r->positions += n;
   return 0;
 }
@@ -282,11 +284,12 @@ static void eval_show(eval_run *r, const rm_tokenizer *t) {
 
 static void eval_print(eval_run *r) {
   double m[4] = {NAN, NAN, NAN, NAN}, se[4] = {NAN, NAN, NAN, NAN}, *delta = malloc(r->n_seqs * sizeof *delta);
-  for (size_t i = 0; delta && i < r->n_seqs; i++) delta[i] = r->nll[i] - r->nll_full[i];
-  mean_se(r->nll, r->n_seqs, &m[0], &se[0]);
-  if (delta) mean_se(delta, r->n_seqs, &m[1], &se[1]);
-  mean_se(r->kl, r->n_seqs, &m[2], &se[2]);
-  mean_se(r->top1, r->n_seqs, &m[3], &se[3]);
+  size_t ns = r->n_scored;
+  for (size_t i = 0; delta && i < ns; i++) delta[i] = r->nll[i] - r->nll_full[i];
+  mean_se(r->nll, ns, &m[0], &se[0]);
+  if (delta) mean_se(delta, ns, &m[1], &se[1]);
+  mean_se(r->kl, ns, &m[2], &se[2]);
+  mean_se(r->top1, ns, &m[3], &se[3]);
   free(delta);
   const char *policy = kvt_policy_name(r->pol.scorer), *codec = r->cfg.codec ? r->cfg.codec : "none";
   uint32_t L = (uint32_t)r->m.c.n_layers;
@@ -296,6 +299,7 @@ static void eval_print(eval_run *r) {
     json_begin(&j, stdout);
     json_str(&j, "model", r->m.name);
     json_u64(&j, "sequences", r->n_seqs);
+    json_u64(&j, "sequences_scored", r->n_scored);
     json_u64(&j, "positions", r->positions);
     json_u64(&j, "first_target", EVAL_FIRST_TARGET);
     json_str(&j, "policy", policy);
@@ -324,8 +328,9 @@ static void eval_print(eval_run *r) {
     json_end(&j);
     return;
   }
-  printf("model %s, %zu sequences, %" PRIu64 " target positions (>= %u)\n", r->m.name, r->n_seqs,
-         r->positions, EVAL_FIRST_TARGET);
+  printf("model %s, %zu sequences (%zu long enough to score), %" PRIu64
+         " target positions (>= %u)\n", r->m.name, r->n_seqs, r->n_scored, r->positions,
+         EVAL_FIRST_TARGET);
   printf("policy %s, budget %.3g, codec %s\n\n", policy, r->cfg.budget, codec);
   printf("  nll        %8.4f  +- %.4f nats\n", m[0], se[0]);
   printf("  delta_nll  %8.4f  +- %.4f  (against the full cache)\n", m[1], se[1]);

@@ -95,13 +95,19 @@ static void rmsnorm(float *o, const float *x, const float *w, size_t n) {
   for (size_t i = 0; i < n; i++) o[i] = w[i] * (ss * x[i]);
 }
 
-/* o[rows] = W[rows][cols] x[cols] */
+/* o[rows] = W[rows][cols] x[cols]. Eight independent partial sums per row
+ * (summed in a fixed order, so the result is the same on every run and in
+ * both caches): a single running sum is bound by the latency of one add
+ * per element. Attention keeps kvt_seq_attend's single sums (below). */
 static void matmul(float *o, const float *x, const float *w, size_t rows, size_t cols) {
   for (size_t r = 0; r < rows; r++) {
     const float *wr = w + r * cols;
-    float s = 0;
-    for (size_t i = 0; i < cols; i++) s += wr[i] * x[i];
-    o[r] = s;
+    float acc[8] = {0}, s = 0;
+    size_t i = 0;
+    for (; i + 8 <= cols; i += 8)
+      for (int j = 0; j < 8; j++) acc[j] += wr[i + j] * x[i + j];
+    for (; i < cols; i++) s += wr[i] * x[i];
+    o[r] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + s;
   }
 }
 
