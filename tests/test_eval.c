@@ -74,6 +74,27 @@ static void test_full_json(void **state) {
   assert_non_null(strstr(out, "\"4\":{"));
 }
 
+/* A codec pair keeps every block warm and attends it in place; one side
+ * alone is quantized before the put and the blocks stay hot. */
+static void test_codecs(void **state) {
+  (void)state;
+  NEED_ALL();
+  static char out[65536];
+  char args[4096];
+  snprintf(args, sizeof args, "eval --model %s --sequences 1 --len 80 --codec k8v3 --json", model);
+  assert_int_equal(run(args, out, sizeof out), 0);
+  /* positions 0..78 are decoded (the last token is only a target): 4 full
+   * blocks in 5 layers */
+  assert_true(json_num(out, "warm_layer_blocks") == 4 * 5);
+  assert_true(json_num(out, "hot_layer_blocks") == 0);
+  double kl = json_num(out, "kl");
+  assert_true(kl > 0 && kl < 0.1);
+  snprintf(args, sizeof args, "eval --model %s --sequences 1 --len 80 --codec v3 --json", model);
+  assert_int_equal(run(args, out, sizeof out), 0);
+  assert_true(json_num(out, "warm_layer_blocks") == 0);
+  assert_true(json_num(out, "kl") > 0);
+}
+
 static void test_budget_trace(void **state) {
   (void)state;
   NEED_ALL();
@@ -203,6 +224,7 @@ static void test_bench_refmodel_runs(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_full_json),
+      cmocka_unit_test(test_codecs),
       cmocka_unit_test(test_budget_trace),
       cmocka_unit_test(test_input),
       cmocka_unit_test(test_bad_command_lines),

@@ -98,6 +98,47 @@ static void test_refuses_bad_checkpoints(void **state) {
   tu_rmtree(dir);
 }
 
+/* A classifier stored apart (negative vocab_size in the header) is read
+ * from after the RoPE tables: the same weights give the same logits. */
+static void test_separate_classifier(void **state) {
+  (void)state;
+  NEED_DATA();
+  rm_model m, m2;
+  load(&m);
+  char *dir = tu_tmpdir(), path[4200], err[9000];
+  snprintf(path, sizeof path, "%s/sep.bin", dir);
+  int32_t hdr[7] = {m.c.dim, m.c.hidden_dim, m.c.n_layers, m.c.n_heads, m.c.n_kv_heads,
+                    -m.c.vocab_size, m.c.seq_len};
+  size_t size = 28 + m.data_floats * 4, emb = (size_t)m.c.vocab_size * (size_t)m.c.dim;
+  write_variant(path, size, 0, hdr);
+  FILE *f = fopen(path, "ab");
+  assert_int_equal(fwrite(m.tok_emb, sizeof(float), emb, f), emb);
+  fclose(f);
+  assert_int_equal(rm_model_load(path, &m2, err, sizeof err), 0);
+  assert_int_equal(m2.c.shared_cls, 0);
+  assert_ptr_not_equal(m2.wcls, m2.tok_emb);
+  rm_dec a, b;
+  assert_int_equal(rm_dec_init(&a, &m, NULL, 0), 0);
+  assert_int_equal(rm_dec_init(&b, &m2, NULL, 0), 0);
+  const uint32_t toks[] = {1, 400, 261, 3, 77, 500};
+  for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+    const float *la, *lb;
+    assert_int_equal(rm_dec_step(&a, toks[i], &la), 0);
+    assert_int_equal(rm_dec_step(&b, toks[i], &lb), 0);
+    assert_memory_equal(la, lb, (size_t)m.c.vocab_size * sizeof *la);
+  }
+  assert_int_equal(rm_dec_step(&a, 512, NULL), KVT_ENOTFOUND); /* not a token */
+  rm_dec_free(&a);
+  rm_dec_free(&b);
+  rm_model_free(&m2);
+  /* without its classifier the same header is a truncated file */
+  write_variant(path, size, 0, hdr);
+  assert_int_equal(rm_model_load(path, &m2, err, sizeof err), -1);
+  assert_non_null(strstr(err, "truncated"));
+  rm_model_free(&m);
+  tu_rmtree(dir);
+}
+
 static void test_tokenizer(void **state) {
   (void)state;
   NEED_DATA();
@@ -260,6 +301,7 @@ static void test_nll_sanity(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refuses_bad_checkpoints),
+      cmocka_unit_test(test_separate_classifier),
       cmocka_unit_test(test_tokenizer),
       cmocka_unit_test(test_kvtier_cache_bit_identical),
       cmocka_unit_test(test_budget_and_resume),
