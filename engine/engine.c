@@ -57,9 +57,12 @@ static int options_check(const kvt_options *o) {
   if (o->tier_bytes_limit[KVT_TIER_NONE] != 0) return KVT_EOPTION;
   if (o->io_backend > KVT_BACKEND_PREAD || o->io_depth == 0 || o->io_depth > 4096) return KVT_EOPTION;
   if (o->cold_compress > 1 || o->cold_group_bytes == 0) return KVT_EOPTION;
-  if (o->tier_bytes_limit[KVT_TIER_COLD]) {
+  if (o->cold_admit > KVT_ADMIT_PROMPT) return KVT_EOPTION;
+  if (o->cold_evict > KVT_EVICT_CHAIN_LEAF) return KVT_EOPTION;
+  /* a metadata-only cold tier has no segments or index map */
+  if (o->tier_bytes_limit[KVT_TIER_COLD] && !(o->flags & KVT_OPEN_METADATA_ONLY)) {
     if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096) return KVT_EOPTION;
-    if (o->tier_bytes_limit[KVT_TIER_COLD] < o->cold_segment_bytes) return KVT_EOPTION;
+    if (o->tier_bytes_limit[KVT_TIER_COLD] / 2 < o->cold_segment_bytes) return KVT_EOPTION;
     if (o->cold_index_bytes < (1u << 20)) return KVT_EOPTION;
   }
   if (o->test_fault.kind > 5) return KVT_EOPTION;
@@ -82,10 +85,10 @@ static int want_cold(const kvt_engine *e, const char *dir) {
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
   if (!out) return KVT_ENULL;
   *out = NULL;
-  if (!dir) return KVT_ENULL;
   kvt_options o;
   if (opt) o = *opt;
   else kvt_options_init(&o);
+  if (!dir && !(o.flags & KVT_OPEN_METADATA_ONLY)) return KVT_ENULL;
   int rc = options_check(&o);
   if (rc) return rc;
 
@@ -118,12 +121,14 @@ int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
     rc = -rc;
     goto fail;
   }
-  rc = kvt_io_dir_open(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
-  if (!rc && want_cold(e, dir)) rc = kvt_cold_start(e, dir);
+  if (dir) rc = kvt_io_dir_open(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
+  if (!rc && kvt_meta_only(e) && o.tier_bytes_limit[KVT_TIER_COLD] > 0) rc = kvt_mcold_start(e);
+  else if (!rc && dir && !kvt_meta_only(e) && want_cold(e, dir)) rc = kvt_cold_start(e, dir);
   if (!rc && e->cold) rc = kvt_ns_load(e);
   if (rc) {
     pthread_mutex_lock(&e->lock);
     if (e->cold) kvt_cold_stop(e);
+    kvt_cold_meta_close(e->mcold);
     for (uint32_t i = 0; i < e->n_ns; i++)
       if (e->ns[i]) nsrec_free(e, e->ns[i]);
     pthread_mutex_unlock(&e->lock);
@@ -158,6 +163,8 @@ void kvt_engine_close(kvt_engine *e) {
     while (e->buckets[i]) kvt_drop_tblk(e, e->buckets[i]);
   for (uint32_t i = 0; i < e->n_ns; i++)
     if (e->ns[i]) nsrec_free(e, e->ns[i]);
+  kvt_cold_meta_close(e->mcold);
+  e->mcold = NULL;
   assert(e->n_tblks == 0 && e->tier[KVT_TIER_HOT].bytes_used == 0);
   pthread_mutex_unlock(&e->lock);
   pthread_mutex_destroy(&e->lock);
@@ -185,10 +192,11 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
   st->total_bytes = kvt_mem_total(&e->mem);
   st->token_blocks = e->n_tblks;
   kvt_cold *cold = e->cold;
+  kvt_cold_stats cs;
+  if (e->mcold) kvt_cold_meta_stats(e->mcold, &cs);
   pthread_mutex_unlock(&e->lock);
-  if (cold) {
-    kvt_cold_stats cs;
-    kvt_cold_stats_get(cold, &cs);
+  if (cold) kvt_cold_stats_get(cold, &cs);
+  if (cold || e->mcold) {
     st->cold_records = cs.records;
     st->cold_reads = cs.reads;
     st->cold_read_bytes = cs.read_bytes;
@@ -200,6 +208,8 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
     st->tier_blocks[KVT_TIER_COLD] = cs.records;
     st->tier_limit[KVT_TIER_COLD] = cs.bytes_limit;
     st->evictions[KVT_TIER_COLD] = cs.evictions;
+    st->cold_reclaims = cs.reclaims;
+    st->cold_relocated = cs.relocated;
     snprintf(st->io_backend, sizeof st->io_backend, "%s", cs.backend);
     snprintf(st->io_why, sizeof st->io_why, "%s", cs.why);
   }
@@ -215,6 +225,11 @@ size_t kvt_dtype_size(uint32_t dtype) {
   case KVT_BF16: return 2;
   default: return 0;
   }
+}
+
+uint64_t kvt_cold_record_bytes(const kvt_shape *s) {
+  if (!s || kvt_shape_check(s)) return 0;
+  return kvt_cold_record_max(s->n_layers, (uint32_t)kvt_shape_block_bytes(s));
 }
 
 size_t kvt_shape_block_bytes(const kvt_shape *s) {
@@ -682,7 +697,7 @@ void kvt_lblk_unpin(kvt_engine *e, kvt_lblk *b) {
  * With one: also let durable referenced blocks leave RAM, and wait for the
  * flusher when what pins the tier is waiting to be written. */
 int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
-  if (!kvt_cold_on(e) && !kvt_tier_can_fit(t, cost)) return KVT_EFULL;
+  if (!kvt_cold_any(e) && !kvt_tier_can_fit(t, cost)) return KVT_EFULL;
   if (cost > t->bytes_limit) return KVT_EFULL;
   while (t->bytes_used + cost > t->bytes_limit) {
     kvt_lblk *v = kvt_tier_lru_victim(t);
@@ -775,12 +790,33 @@ int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int ti
   kvt_tier_account(&e->tier[tier], b);
   tb->layers[layer] = b;
   tb->n_present++;
-  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload) {
+  /* Held unless the rule rules it out for now (output under
+   * KVT_ADMIT_PROMPT); a block short of min_seen is held, to be written
+   * if it is seen again while referenced. */
+  int maybe = e->opt.cold_admit != KVT_ADMIT_PROMPT || tb->prompt;
+  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload && maybe) {
     b->held = 1; /* keep the exact bytes until they are written */
     kvt_lblk_pin(e, b);
   }
   kvt_cold_consider(e, tb);
   return 0;
+}
+
+int kvt_born_cold(const kvt_engine *e, size_t each) {
+  return e->mcold && !kvt_warm_on(e) &&
+         kvt_lblk_desc_bytes() + kvt_mem_round(2 * each) > e->tier[KVT_TIER_HOT].bytes_limit;
+}
+
+void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b) {
+  assert(!tb->layers[layer] && !b->payload);
+  b->tb = tb;
+  b->layer = layer;
+  b->tier = KVT_TIER_COLD;
+  b->cost = 0; /* nothing in RAM: like a block that left for the cold tier */
+  kvt_mem_move(&e->mem, KVT_MEM_HOT, KVT_MEM_INDEX, kvt_lblk_desc_bytes());
+  tb->layers[layer] = b;
+  tb->n_present++;
+  kvt_cold_consider(e, tb);
 }
 
 int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out) {
@@ -869,7 +905,14 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tok
       pthread_mutex_unlock(&e->lock);
       if (j == m) break;
       /* Not in RAM: the cold tier may have this block and more. */
-      size_t c = e->cold ? kvt_cold_prefix(e->cold, keys + j, m - j) : 0;
+      size_t c = 0;
+      if (e->cold) {
+        c = kvt_cold_prefix(e->cold, keys + j, m - j);
+      } else if (e->mcold) {
+        pthread_mutex_lock(&e->lock);
+        c = kvt_cold_meta_prefix(e->mcold, keys + j, m - j);
+        pthread_mutex_unlock(&e->lock);
+      }
       for (size_t k = 0; k < c; k++, found++)
         lookup_entry(found < max_out ? &out[found] : NULL, &keys[j + k], KVT_TIER_COLD, cold_us);
       j += c;
@@ -965,6 +1008,7 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
         kvt_drop_tblk(e, tb);
       }
       if (kvt_cold_on(e) && i + 1 < n) count += kvt_cold_remove(e->cold, &cur) == 0;
+      if (e->mcold) count += kvt_cold_meta_remove(e->mcold, &cur) == 0; /* not what extends it */
     }
   }
   pthread_mutex_unlock(&e->lock);

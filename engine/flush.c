@@ -35,9 +35,33 @@ static void release_holds(kvt_engine *e, kvt_tblk *tb) {
   kvt_tblk_maybe_free(e, tb);
 }
 
+int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb) {
+  if (e->opt.cold_admit == KVT_ADMIT_PROMPT && !tb->prompt) return 0;
+  return tb->seen >= e->opt.cold_admit_min_seen;
+}
+
+/* Metadata-only: "written" at once, in memory, when complete in every
+ * layer in exact form (hot, or computed by the caller straight for the
+ * cold tier) and admitted; the record is charged its size on disk. */
+static void meta_consider(kvt_engine *e, kvt_tblk *tb) {
+  if (tb->cold || !tb->indexed || tb->n_present != tb->n_layers) return;
+  if (!kvt_cold_admissible(e, tb)) return;
+  for (uint32_t l = 0; l < tb->n_layers; l++)
+    if (tb->layers[l]->tier == KVT_TIER_WARM) return; /* approximate: not what cold keeps */
+  uint64_t rec = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
+  if (kvt_cold_meta_write(e->mcold, &tb->key, &tb->parent, rec) == 0) {
+    tb->cold = 1;
+    e->st.cold_written++;
+  }
+}
+
 void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
+  if (e->mcold) {
+    meta_consider(e, tb);
+    return;
+  }
   if (!kvt_cold_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
-  if (tb->seen < e->opt.cold_admit_min_seen) return; /* may be admitted on a later append */
+  if (!kvt_cold_admissible(e, tb)) return; /* may be admitted on a later append */
   for (uint32_t l = 0; l < tb->n_layers; l++) /* the queue relies on every layer's pin */
     if (!tb->layers[l]->held) {
       tb->layers[l]->held = 1;
@@ -56,14 +80,18 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
 
 int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
 
-/* Take up to group_bytes of queued token blocks (at least one). */
+/* Groups handed to the cold tier at once: it writes one while the one
+ * before is synced and indexed (tiers/cold.c, "the write pipeline"). */
+#define PIPELINE_GROUPS 4
+
+/* Take up to PIPELINE_GROUPS groups of queued token blocks (at least one). */
 static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
   uint64_t bytes = 0;
   size_t n = 0;
   while (e->fq_head && n < max) {
     kvt_tblk *tb = e->fq_head;
     uint64_t b = 2 * (uint64_t)tb->ns->bytes_each * tb->n_layers;
-    if (n && bytes + b > e->opt.cold_group_bytes) break;
+    if (n && bytes + b > PIPELINE_GROUPS * e->opt.cold_group_bytes) break;
     e->fq_head = tb->fq_next;
     if (!e->fq_head) e->fq_tail = NULL;
     out[n++] = tb;
@@ -76,7 +104,7 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
 #define GROUP_MAX 1024
 
 static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
-                       const uint8_t **ptrs) {
+                       const uint8_t **ptrs, size_t *written) {
   size_t np = 0;
   for (size_t i = 0; i < n; i++) {
     kvt_tblk *tb = g[i];
@@ -86,7 +114,14 @@ static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs
                              .bytes_each = (uint32_t)tb->ns->bytes_each, .layers = ptrs + np};
     for (uint32_t l = 0; l < tb->n_layers; l++) ptrs[np++] = tb->layers[l]->payload;
   }
-  return kvt_cold_write(e->cold, recs, n, NULL);
+  /* The eviction order chooses what goes before segments are reclaimed;
+   * an error there only leaves the choice to reclaiming. */
+  uint64_t need = 0;
+  for (size_t i = 0; i < n; i++) need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
+  kvt_cold_evict_for(e->cold, need);
+  int rc = kvt_cold_write(e->cold, recs, n, written);
+  kvt_cold_track(e->cold, recs, *written); /* the leading ones, now indexed */
+  return rc;
 }
 
 static void *flusher_main(void *arg) {
@@ -112,23 +147,24 @@ static void *flusher_main(void *arg) {
         rc = -ENOMEM;
       }
     }
-    if (!rc) rc = write_group(e, g, n, recs, ptrs); /* payloads are pinned: no lock needed */
+    size_t done = 0; /* leading blocks of g now durable */
+    if (!rc) rc = write_group(e, g, n, recs, ptrs, &done); /* payloads are pinned: no lock needed */
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < n; i++) {
       kvt_tblk *tb = g[i];
       tb->queued = 0;
-      if (!rc && !tb->indexed) { /* dropped while being written: not again */
+      if (i < done && !tb->indexed) { /* dropped while being written: not again */
         pthread_mutex_unlock(&e->lock);
         kvt_cold_remove(e->cold, &tb->key);
         pthread_mutex_lock(&e->lock);
-      } else if (!rc) {
+      } else if (i < done) {
         tb->cold = 1;
       }
       tb->seq_refs--;
       release_holds(e, tb); /* durable, or given up on: RAM may let it go */
     }
     if (rc && !e->cold_err) e->cold_err = rc;
-    if (!rc) e->st.cold_written += n;
+    e->st.cold_written += done;
     e->completed += n;
     pthread_cond_broadcast(&e->flushed);
   }
@@ -143,7 +179,9 @@ static void cold_config(const kvt_engine *e, const char *dir, kvt_cold_config *c
   *c = (kvt_cold_config){.dir = dir, .rdonly = kvt_rdonly(e),
                          .bytes_limit = o->tier_bytes_limit[KVT_TIER_COLD],
                          .segment_bytes = o->cold_segment_bytes, .map_bytes = o->cold_index_bytes,
+                         .group_bytes = o->cold_group_bytes,
                          .compress = (int)o->cold_compress, .zstd_level = 1};
+  c->evict_policy = (int)o->cold_evict;
   c->io.backend = (int)o->io_backend;
   c->io.depth = o->io_depth;
   c->io.fault = (kvt_io_fault){.ops = o->test_fault.ops, .kind = o->test_fault.kind,
@@ -161,6 +199,34 @@ static int keep_block(void *arg, const kvt_key *key) {
   if (tb && !keep) tb->cold = 0;
   pthread_mutex_unlock(&e->lock);
   return keep;
+}
+
+/* The metadata-only cold tier's hooks, called with the engine lock held:
+ * referenced blocks stay; an evicted one is no longer durable. */
+static int meta_keep(void *arg, const kvt_key *key) {
+  kvt_tblk *tb = kvt_index_find(arg, key);
+  return tb && tb->seq_refs > 0;
+}
+
+static void meta_evicted(void *arg, const kvt_key *key) {
+  kvt_tblk *tb = kvt_index_find(arg, key);
+  if (tb) tb->cold = 0;
+}
+
+int kvt_mcold_start(kvt_engine *e) {
+  int rc = kvt_cold_meta_open(&e->mem, e->opt.tier_bytes_limit[KVT_TIER_COLD],
+                              (int)e->opt.cold_evict, &e->mcold);
+  if (!rc) kvt_cold_meta_set_hooks(e->mcold, meta_keep, meta_evicted, e);
+  return rc;
+}
+
+int kvt_cold_has(kvt_engine *e, const kvt_key *key) {
+  if (e->cold) return kvt_cold_find(e->cold, key, NULL) == 0;
+  if (!e->mcold) return 0;
+  pthread_mutex_lock(&e->lock);
+  int has = kvt_cold_meta_find(e->mcold, key) == 0;
+  pthread_mutex_unlock(&e->lock);
+  return has;
 }
 
 int kvt_cold_start(kvt_engine *e, const char *dir) {

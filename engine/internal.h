@@ -19,6 +19,7 @@
 #include "engine/policy.h"
 #include "kvtier.h"
 #include "tiers/cold.h"
+#include "tiers/cold_meta.h"
 #include "tiers/tier.h"
 
 typedef struct kvt_nsrec {
@@ -48,6 +49,7 @@ typedef struct kvt_tblk {
   uint8_t mark;               /* scratch for kvt_drop_prefix */
   uint8_t cold;               /* durable in the cold tier */
   uint8_t queued;             /* waiting for the flusher (its layers pinned) */
+  uint8_t prompt;             /* appended as prompt at least once (admission) */
   uint32_t seen;              /* appends of it (admission) */
   struct kvt_tblk *fq_next;   /* flush queue */
   kvt_lblk *layers[];         /* [n_layers] */
@@ -61,6 +63,7 @@ struct kvt_seq {
   kvt_tblk **tb;              /* [cap] */
   kvt_lblk **lb;              /* [cap * n_layers], block-major: lb[b * L + l]; NULL
                                  when not put, or evicted from that layer by the policy */
+  int output;                 /* appends are output, not prompt (kvt_seq_output) */
   kvt_bstate *bs;             /* [cap * n_layers]: policy state, indexed as lb */
   kvt_policy pol;             /* retention policy (policy.c) */
 };
@@ -104,6 +107,8 @@ struct kvt_engine {
   kvt_tblk *fq_head, *fq_tail;
   uint64_t enqueued, completed; /* token blocks ever queued / finished */
   int cold_err;               /* first failure since the last kvt_sync */
+  /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
+  kvt_cold_meta *mcold;
 };
 
 static inline int kvt_rdonly(const kvt_engine *e) { return (e->opt.flags & KVT_OPEN_RDONLY) != 0; }
@@ -151,9 +156,21 @@ void kvt_cold_stop(kvt_engine *e);
 /* A layer of tb was just published: queue tb for the cold tier when it is
  * complete in every layer, exact, and admitted. With the lock held. */
 void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
+int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
 int kvt_cold_pending(const kvt_engine *e);
 static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
+/* A cold tier that durable blocks may leave RAM for: on disk, or metadata-only. */
+static inline int kvt_cold_any(const kvt_engine *e) { return kvt_cold_on(e) || e->mcold != NULL; }
+/* Is key in the cold tier? A hit is a use. Takes the engine lock for the
+ * metadata-only tier; call without it. */
+int kvt_cold_has(kvt_engine *e, const kvt_key *key);
+/* engine.c: a layer block that can never fit the hot tier, in a
+ * metadata-only engine with a cold tier and no warm one, is published
+ * straight into the cold tier (a descriptor only). With the lock held. */
+int kvt_born_cold(const kvt_engine *e, size_t bytes_each);
+void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
+int kvt_mcold_start(kvt_engine *e);
 
 /* seq.c */
 void kvt_seq_free_locked(kvt_seq *s);

@@ -66,6 +66,14 @@ int kvt_seq_create(kvt_engine *e, kvt_ns_id id, kvt_seq **out) {
   return rc;
 }
 
+int kvt_seq_output(kvt_seq *s, int on) {
+  if (!s) return KVT_ENULL;
+  pthread_mutex_lock(&s->e->lock);
+  s->output = on != 0;
+  pthread_mutex_unlock(&s->e->lock);
+  return 0;
+}
+
 int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
   if (!parent || !out) return KVT_ENULL;
   *out = NULL;
@@ -92,6 +100,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
     }
     s->n_blocks = n_blocks;
     s->pol = parent->pol;
+    s->output = parent->output;
     seq_link(e, s);
     *out = s;
   }
@@ -188,8 +197,8 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   pthread_mutex_unlock(&e->lock);
   kvt_tblk *spare = found ? NULL : kvt_tblk_alloc(e, ns, &key, parent, b), *tb;
   if (!found && !spare) return -ENOMEM;
-  if (spare && e->cold) /* durable from an earlier run, or another path */
-    spare->cold = kvt_cold_find(e->cold, &key, NULL) == 0;
+  if (spare) /* durable from an earlier run, or another path */
+    spare->cold = (uint8_t)kvt_cold_has(e, &key);
   int rc = seq_reserve(s);
   if (rc) {
     kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size);
@@ -199,10 +208,11 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   while (!(tb = tblk_get(e, s, &key, &spare))) { /* it left the index meanwhile */
     pthread_mutex_unlock(&e->lock);
     if (!(spare = kvt_tblk_alloc(e, ns, &key, parent, b))) return -ENOMEM;
-    if (e->cold) spare->cold = kvt_cold_find(e->cold, &key, NULL) == 0;
+    spare->cold = (uint8_t)kvt_cold_has(e, &key);
     pthread_mutex_lock(&e->lock);
   }
   tb->seen++;
+  tb->prompt |= !s->output;
   tb->seq_refs++;
   s->tb[b] = tb;
   uint32_t present = 0;
@@ -268,7 +278,7 @@ static void dedup_verify(kvt_engine *e, kvt_lblk *b, const kvt_kv *kv, size_t by
  * race). With the lock held. */
 static void put_share(kvt_engine *e, kvt_lblk **slot, kvt_lblk *b, const kvt_kv *kv, size_t each) {
   kvt_lblk_ref(e, b);
-  kvt_tier_lru_touch(&e->tier[b->tier], b);
+  if (b->tier != KVT_TIER_COLD) kvt_tier_lru_touch(&e->tier[b->tier], b);
   *slot = b;
   e->st.dedup_hits++;
   if (b->tier == KVT_TIER_HOT) dedup_verify(e, b, kv, each);
@@ -354,6 +364,22 @@ static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv)
   }
   pthread_mutex_unlock(&e->lock);
 
+  if (kvt_born_cold(e, each)) { /* metadata-only, no RAM tier can take it */
+    kvt_lblk *nb = new_hot(e, kv, each);
+    if (!nb) return -ENOMEM;
+    pthread_mutex_lock(&e->lock);
+    if (tb->layers[layer]) { /* stored meanwhile: share it */
+      kvt_lblk_free(&e->mem, KVT_MEM_HOT, nb);
+      put_share(e, slot, tb->layers[layer], kv, each);
+    } else {
+      kvt_publish_cold(e, tb, layer, nb);
+      kvt_lblk_ref(e, nb);
+      *slot = nb;
+    }
+    e->st.puts++;
+    pthread_mutex_unlock(&e->lock);
+    return 0;
+  }
   /* Allocate and copy (or encode) outside the lock, then publish. */
   int tier = born_warm(e, each) ? KVT_TIER_WARM : KVT_TIER_HOT;
   kvt_lblk *nb = tier == KVT_TIER_HOT ? new_hot(e, kv, each) : new_warm(s, layer, kv);

@@ -162,6 +162,10 @@ typedef struct kvt_test_fault {
   uint64_t seed;
 } kvt_test_fault;
 
+/** Admission rules of the cold tier (kvt_options.cold_admit). */
+#define KVT_ADMIT_ALL 0    /**< every complete token block */
+#define KVT_ADMIT_PROMPT 1 /**< only blocks some sequence appended as prompt */
+
 /** I/O backends of the cold tier. */
 #define KVT_BACKEND_AUTO 0  /**< io_uring when it works here, else pread/pwrite */
 #define KVT_BACKEND_URING 1 /**< io_uring or fail at open */
@@ -182,17 +186,37 @@ typedef struct kvt_options {
   double tier_load_latency_us[KVT_N_TIERS]; /**< fixed cost per block in estimates */
   uint64_t test_fail_alloc_after; /**< testing: fail the Nth allocation (0 = never) */
   /* The cold tier exists when tier_bytes_limit[KVT_TIER_COLD] > 0, or is
-   * opened read-only when the store has one. */
+   * opened read-only when the store has one. Its limit must hold two
+   * segments: one stays spare for relocating blocks out of a reclaimed
+   * segment (docs/format.md, "Capacity"). */
   uint64_t cold_segment_bytes;    /**< one segment file; >= 1 MiB, multiple of 4 KiB (64 MiB) */
   uint64_t cold_group_bytes;      /**< records made durable together, at most (16 MiB) */
   uint64_t cold_index_bytes;      /**< LMDB map size (8 GiB; sparse) */
-  uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all) */
+  uint32_t cold_admit;            /**< KVT_ADMIT_ALL, or KVT_ADMIT_PROMPT: only token blocks
+                                       appended as prompt (see kvt_seq_output()) */
+  uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all);
+                                       both rules must say yes */
   uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16 (0: off;
                                        it costs half the write throughput here for ~14%) */
   uint32_t io_backend;            /**< KVT_BACKEND_* (AUTO) */
   uint32_t io_depth;              /**< queue depth, 1 .. 4096 (64) */
   kvt_test_fault test_fault;      /**< testing: I/O faults in the cold tier */
+  uint32_t cold_evict;            /**< KVT_EVICT_*: which blocks the cold tier gives up
+                                       first when full (KVT_EVICT_CHAIN) */
+  uint32_t pad;
 } kvt_options;
+
+/** Orders in which the cold tier gives up token blocks when it is full
+ * (kvt_options.cold_evict). Blocks still referenced by a sequence are
+ * never given up. */
+#define KVT_EVICT_CHAIN 0      /**< tails of prefix chains first (a block is useless
+                                    without its prefix): only blocks with no stored
+                                    child are candidates; a chain's tail as written
+                                    (never used or extended since) goes first, as a
+                                    request's partial last block is rarely asked for
+                                    again; then the least recently used (default) */
+#define KVT_EVICT_LRU 1        /**< plain least recently used, for comparison */
+#define KVT_EVICT_CHAIN_LEAF 2 /**< chain tails, least recently used, no probation */
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
 #define KVT_OPEN_RDONLY 0x1u
@@ -200,7 +224,15 @@ typedef struct kvt_options {
  * differences in kvt_stats.dedup_mismatches (the stored copy is kept). */
 #define KVT_OPEN_VERIFY_DEDUP 0x2u
 /** Metadata-only: blocks carry sizes, not payloads; puts take NULL data and
- * reads fail with KVT_ENOPAYLOAD. For capacity planning (kvtier plan). */
+ * reads fail with KVT_ENOPAYLOAD. For capacity planning (kvtier plan).
+ * The directory may then be NULL: nothing is read or written on disk.
+ * With a cold limit, the cold tier is an in-memory index of token-block
+ * records (their on-disk sizes, kvt_cold_record_bytes()) under that limit,
+ * evicted in the kvt_options.cold_evict order, with no files and no
+ * syncs: a token block is written to it as soon as it is complete in
+ * every layer and admitted. A put that can never fit the hot tier (its
+ * limit below one layer block) and finds no warm tier goes straight to
+ * the cold tier: the caller computed the block and kvtier only stores it. */
 #define KVT_OPEN_METADATA_ONLY 0x4u
 /** Do not create the directory when it does not exist. */
 #define KVT_OPEN_NOCREATE 0x8u
@@ -292,6 +324,8 @@ typedef struct kvt_stats {
   uint64_t cold_checksum_failures; /**< cold reads refused by a check (each a miss) */
   uint64_t cold_write_failures;    /**< groups the cold tier failed to write */
   uint64_t cold_segments;
+  uint64_t cold_reclaims;    /**< segments reclaimed (freed for reuse) by this engine */
+  uint64_t cold_relocated;   /**< referenced blocks written again out of reclaimed segments */
   char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */
   char io_why[160];          /**< why that backend */
 } kvt_stats;
@@ -309,6 +343,8 @@ void kvt_options_init(kvt_options *opt);
  * A writer holds an exclusive flock() on dir/LOCK until kvt_engine_close();
  * the kernel drops it when the process dies, so a killed writer leaves no
  * stale lock. A read-only open takes no lock.
+ * @param dir may be NULL for a metadata-only engine (KVT_OPEN_METADATA_ONLY):
+ *   no directory, no lock.
  * @param opt may be NULL for the defaults; copied, not kept.
  * @param out receives the engine; on failure set to NULL.
  * @return 0; KVT_ENULL; KVT_EOPTION; KVT_ELOCKED when another process holds
@@ -505,6 +541,16 @@ uint32_t kvt_seq_blocks(const kvt_seq *s);
  * (in the cold tier, every layer). 0 without a cold tier. */
 uint32_t kvt_seq_durable(const kvt_seq *s);
 
+/** Say what kvt_seq_append() adds to s from now on: output the model
+ * generated (on = 1) or prompt (on = 0, where a new sequence starts; a
+ * fork starts where its parent is). Under KVT_ADMIT_PROMPT only prompt
+ * blocks are written to the cold tier; an output block becomes a prompt
+ * block when a later sequence appends it as prompt (the next turn of a
+ * conversation), and is written then if its exact layers are still in
+ * RAM. Output blocks are not held in RAM for the cold tier.
+ * @return 0; KVT_ENULL. */
+int kvt_seq_output(kvt_seq *s, int on);
+
 /** Append exactly one token block (n_tokens == block_tokens). Layers whose
  * block is already stored are adopted at once (referenced; put optional).
  * @param info may be NULL.
@@ -651,6 +697,11 @@ int kvt_seq_block_mass(kvt_seq *s, uint32_t block, uint32_t layer, double *mass_
                        float *mass_last, uint32_t *observed);
 
 /** @} */
+
+/** Bytes one token block of shape s takes in the cold tier on disk, at
+ * most (record header, every layer's slice 4 KiB aligned, uncompressed);
+ * 0 for an invalid shape. Capacity planning divides cold limits by it. */
+uint64_t kvt_cold_record_bytes(const kvt_shape *s);
 
 /** Size of one element of dtype in bytes, 0 for an unknown dtype. */
 size_t kvt_dtype_size(uint32_t dtype);

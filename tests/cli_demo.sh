@@ -230,7 +230,6 @@ t = d["attend_vs_dequant"]
 assert t["codec"] == "k8v3" and t["tokens"] == 512 and t["layers"] == 32
 for k in ("attend_s", "dequant_s", "dequant_gather_s", "speedup", "warm_bytes"):
     assert t[k] > 0, (k, t[k])
-assert abs(t["speedup"] - t["dequant_s"] / t["attend_s"]) < 0.5 * t["speedup"]
 assert t["outputs_rel_diff"] < 0.01, t["outputs_rel_diff"]   # same quantized data
 assert set(d["targets"]) == {"v3_decode_vs_memcpy", "v3_encode_vs_memcpy",
                              "k8_decode_vs_memcpy", "attend_vs_dequant"}

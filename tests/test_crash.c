@@ -12,7 +12,10 @@
  * goes on writing into the same store (a fresh store every STORE_ROUNDS
  * rounds keeps verification cheap). 200 kills with an io_uring child and
  * 100 with a pread child by default (200 when io_uring is unavailable),
- * 2000 each with KVT_STRESS=1. The parent verifies with either backend.
+ * 2000 each with KVT_STRESS=1; and 100 (1000) more with a cold tier so
+ * small that segments are reclaimed, and referenced blocks relocated,
+ * while children are killed. KVT_TEST_FILTER=crash_reclaim (a cmocka
+ * pattern) runs one variant. The parent verifies with either backend.
  * The seed is printed (KVT_SEED replays the workload and the choice of
  * kill moments; where the kill lands is timing). */
 #include "cold_util.h"
@@ -33,6 +36,7 @@
 #define MAX_LOG_SEQS 4096
 
 static const char *const MODELS[N_NS] = {"crash-bf16", "crash-f16"};
+static int g_reclaim; /* the variant running: a small cold tier */
 
 static kvt_shape ns_shape(int i) {
   if (i == 0)
@@ -56,7 +60,7 @@ static plan plan_of(uint64_t seed, uint32_t round, uint32_t i) {
   plan p;
   p.ns = (int)(h & 1);
   p.sp.fam = (uint32_t)(h >> 8) % N_FAM;
-  p.sp.branch = (uint32_t)(h >> 16) % 4;
+  p.sp.branch = (uint32_t)(h >> 16) % (g_reclaim ? 256 : 4); /* small tier: more to write */
   p.sp.shared = 1 + p.sp.fam % 3;
   p.sp.n_blocks = 2 + (uint32_t)(h >> 24) % (MAX_SEQ_BLOCKS - 1);
   p.sync_every = 1 + (uint32_t)(h >> 40) % 4;
@@ -77,10 +81,17 @@ static int log_put(int fd, uint32_t kind, uint32_t round, uint32_t seq, uint32_t
   return kind == 'D' ? fsync(fd) : 0;
 }
 
+/* The small-tier variant: RECLAIM_SEGS segments (one of them the spare),
+ * so segments are reclaimed every few rounds; the other variants never
+ * fill their store. */
+#define RECLAIM_SEGS 3
+#define RECLAIM_STORE_ROUNDS 25
+
 static kvt_options crash_opts(uint32_t backend) {
   kvt_options o;
   cu_opts(&o, backend);
   o.cold_group_bytes = 64u << 10; /* several groups per sync now and then */
+  if (g_reclaim) o.tier_bytes_limit[KVT_TIER_COLD] = RECLAIM_SEGS * o.cold_segment_bytes;
   return o;
 }
 
@@ -169,24 +180,38 @@ static void read_log(const char *path, uint32_t round, round_log *rl) {
 
 typedef struct crash_stats {
   uint64_t kills, rounds, durable_checked, blocks_exact, blocks_missing, loads;
+  uint64_t shrinks; /* rounds after which the index held fewer blocks than before */
 } crash_stats;
 
 /* Check the sequences of one finished round against its log. full: load
- * every block the child may have written, else only the durable ones. */
+ * every block the child may have written, else only the durable ones.
+ * With a small cold tier (g_reclaim) blocks that no sequence references
+ * may be evicted to make room, so only the sequence the child had open
+ * when it was killed (the last one of the last round: still referenced)
+ * must keep its durable blocks; every other block is exact or a miss. */
 static void verify_round(kvt_engine *e, const kvt_ns_id *ids, uint64_t seed, uint32_t round,
-                         const round_log *rl, int full, crash_stats *cs) {
+                         const round_log *rl, int full, int last_round, crash_stats *cs) {
   for (uint32_t i = 0; i < rl->started; i++) {
     plan p = plan_of(seed, round, i);
     kvt_shape sh = ns_shape(p.ns);
     uint32_t bt = sh.block_tokens, nb = p.sp.n_blocks, dur = rl->durable[i];
+    if (g_reclaim && !(last_round && i + 1 == rl->started)) dur = 0; /* may be evicted */
     uint32_t *tok = cu_seq_tokens(seed, &p.sp, nb, bt);
     kvt_key keys[MAX_SEQ_BLOCKS];
     size_t nk = 0, found = 0;
     assert_int_equal(kvt_keys(e, ids[p.ns], tok, (size_t)nb * bt, keys, MAX_SEQ_BLOCKS, &nk), 0);
     assert_int_equal(kvt_lookup(e, ids[p.ns], tok, (size_t)nb * bt, NULL, 0, &found), 0);
-    if (found < dur)
-      fprintf(stderr, "round %u seq %u: lookup found %zu, log says %u durable\n", round, i, found,
-              dur);
+    if (found < dur) { /* say which blocks are gone before failing */
+      fprintf(stderr, "round %u seq %u (%s, fam %u branch %u shared %u): lookup found %zu, log says %u durable\n",
+              round, i, MODELS[p.ns], p.sp.fam, p.sp.branch, p.sp.shared, found, dur);
+      for (uint32_t j = 0; j < nb; j++) {
+        uint32_t n_exact, n_wrong;
+        int rc = cu_load_block(e, ids[p.ns], &sh, tu_salt(MODELS[p.ns]), &keys[j], j, tok + j * bt,
+                               NULL, NULL, &n_exact, &n_wrong);
+        fprintf(stderr, "  block %u: load %s (%u layers exact)%s\n", j, kvt_strerror(rc), n_exact,
+                j < p.sp.shared ? " [shared prefix]" : "");
+      }
+    }
     assert_true(found >= dur);
     cs->durable_checked += dur;
     uint32_t upto = full ? nb : dur;
@@ -212,6 +237,29 @@ static void verify_round(kvt_engine *e, const kvt_ns_id *ids, uint64_t seed, uin
     }
     free(tok);
   }
+}
+
+/* Small cold tier: the parent writes FILL_BLOCKS blocks of its own each
+ * round (released at once, so evictable), so the store fills and segments
+ * are reclaimed whatever the children managed to write. */
+#define FILL_BLOCKS 16
+
+static void fill(kvt_engine *e, kvt_ns_id ns, uint32_t round) {
+  kvt_shape sh = ns_shape(0);
+  cu_seqspec sp = {N_FAM + 1, round, 0, FILL_BLOCKS};
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  for (uint32_t j = 0; j < FILL_BLOCKS; j++) {
+    uint32_t tok[4];
+    cu_tokens(0xF111, &sp, j, sh.block_tokens, tok);
+    assert_int_equal(cu_append_put(s, &sh, tu_salt(MODELS[0]), tok, &kv, NULL), 0);
+  }
+  assert_int_equal(kvt_sync(e), 0);
+  assert_int_equal(kvt_seq_durable(s), FILL_BLOCKS);
+  kvt_seq_release(s);
+  tu_kv_free(&kv);
 }
 
 /* Sleep us microseconds. */
@@ -260,14 +308,16 @@ static void crash_loop(uint32_t backend, uint32_t kills) {
   char *base = tu_tmpdir();
   char dir[600], log_path[700];
   crash_stats cs = {0};
-  round_log *logs = calloc(STORE_ROUNDS, sizeof *logs);
+  uint32_t store_rounds = g_reclaim ? RECLAIM_STORE_ROUNDS : STORE_ROUNDS;
+  round_log *logs = calloc(store_rounds, sizeof *logs);
   assert_non_null(logs);
   struct timespec t0, t1;
   double child_s = 0;
+  uint64_t prev_records = 0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   for (uint32_t round = 0; round < kills; round++) {
-    uint32_t life = round % STORE_ROUNDS; /* rounds so far on this store */
-    snprintf(dir, sizeof dir, "%s/store-%u", base, round / STORE_ROUNDS);
+    uint32_t life = round % store_rounds; /* rounds so far on this store */
+    snprintf(dir, sizeof dir, "%s/store-%u", base, round / store_rounds);
     snprintf(log_path, sizeof log_path, "%s/log-%u", base, round);
     struct timespec ta, tb;
     clock_gettime(CLOCK_MONOTONIC, &ta);
@@ -280,7 +330,8 @@ static void crash_loop(uint32_t backend, uint32_t kills) {
 
     /* Reopen (the other backend now and then) and check every round of
      * this store: the last two in full, older ones their durable blocks. */
-    uint32_t vb = tu_below(2) ? backend : KVT_BACKEND_PREAD;
+    uint32_t other = backend == KVT_BACKEND_PREAD ? KVT_BACKEND_AUTO : KVT_BACKEND_PREAD;
+    uint32_t vb = tu_below(2) ? backend : other;
     kvt_options o = crash_opts(vb);
     kvt_engine *e = tu_open(dir, &o);
     kvt_ns_id ids[N_NS];
@@ -289,7 +340,7 @@ static void crash_loop(uint32_t backend, uint32_t kills) {
       ids[i] = tu_register(e, MODELS[i], &sh);
     }
     for (uint32_t k = 0; k <= life; k++)
-      verify_round(e, ids, seed, round - life + k, &logs[k], k + 2 > life, &cs);
+      verify_round(e, ids, seed, round - life + k, &logs[k], k + 2 > life, k == life, &cs);
     kvt_fsck_result fr;
     kvt_stats st;
     assert_int_equal(kvt_fsck(e, 0, &fr, NULL, NULL), 0);
@@ -298,18 +349,27 @@ static void crash_loop(uint32_t backend, uint32_t kills) {
     assert_int_equal(fr.bad, 0);
     assert_int_equal(fr.checked, st.cold_records);
     assert_int_equal(st.cold_checksum_failures, 0);
+    if (g_reclaim) { /* evidence that reclaiming ran: the index shrank */
+      assert_true(st.cold_segments <= RECLAIM_SEGS);
+      cs.shrinks += life && st.cold_records < prev_records;
+      fill(e, ids[0], round);
+      tu_stats(e, &st);
+      prev_records = st.cold_records;
+    }
     kvt_engine_close(e);
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   fprintf(stderr,
-          "crash[%s]: %llu kills in %llu rounds, %.1f s (%.1f s in children); durable blocks "
+          "crash[%s%s]: %llu kills in %llu rounds, %.1f s (%.1f s in children); durable blocks "
           "checked %llu, blocks exact %llu, missing (not durable) %llu, layer loads %llu\n",
-          cu_backend_name(backend), (unsigned long long)cs.kills, (unsigned long long)cs.rounds,
-          secs, child_s, (unsigned long long)cs.durable_checked,
+          cu_backend_name(backend), g_reclaim ? ", small cold tier" : "",
+          (unsigned long long)cs.kills, (unsigned long long)cs.rounds, secs, child_s, (unsigned long long)cs.durable_checked,
           (unsigned long long)cs.blocks_exact, (unsigned long long)cs.blocks_missing,
           (unsigned long long)cs.loads);
+  if (g_reclaim) fprintf(stderr, "crash: the index shrank after %llu rounds\n", (unsigned long long)cs.shrinks);
   assert_true(cs.kills >= kills);
+  if (g_reclaim) assert_true(cs.shrinks > 0); /* segments were reclaimed */
   assert_true(cs.durable_checked > 0); /* the kills did not all come too early */
   free(logs);
   tu_rmtree(base);
@@ -326,15 +386,27 @@ static void crash_uring(void **state) {
 
 static void crash_pread(void **state) {
   (void)state;
-  uint32_t kills = tu_stress() ? 2000 : 200;
-  crash_loop(KVT_BACKEND_PREAD, cu_uring_ok(NULL) ? kills / 2 : kills);
+  crash_loop(KVT_BACKEND_PREAD, tu_stress() ? 2000 : cu_uring_ok(NULL) ? 100 : 200);
+}
+
+/* The same with a cold tier of RECLAIM_SEGS segments: the child's writes
+ * (and the parent's fill()) keep reclaiming segments, evicting
+ * unreferenced blocks and rewriting the referenced ones, while the child
+ * is killed. 100 kills (1000 with KVT_STRESS=1). */
+static void crash_reclaim(void **state) {
+  (void)state;
+  g_reclaim = 1;
+  crash_loop(cu_uring_ok(NULL) ? KVT_BACKEND_URING : KVT_BACKEND_PREAD, tu_stress() ? 1000 : 100);
+  g_reclaim = 0;
 }
 
 int main(void) {
   tu_seed();
+  if (getenv("KVT_TEST_FILTER")) cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(crash_uring),
       cmocka_unit_test(crash_pread),
+      cmocka_unit_test(crash_reclaim),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

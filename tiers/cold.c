@@ -14,6 +14,7 @@
 #include <zstd.h>
 
 #include "tiers/cold.h"
+#include "tiers/evict.h"
 #include "tiers/hash.h"
 
 #define FORMAT_VERSION 1u
@@ -43,13 +44,28 @@ struct kvt_cold {
   kvt_mem *mem;
   int (*keep)(void *arg, const kvt_key *key); /* re-insert on reclaim? */
   void *keep_arg;
-  uint64_t evictions, reclaims;
+  uint64_t evictions, reclaims, relocated;
   kvt_cold_config cfg;
   char dir[4096];
   MDB_env *env;
   MDB_dbi db_meta, db_ns, db_blocks, db_segs;
   kvt_io *wio;                 /* the writer's (flusher thread) */
   kvt_io *rio;                 /* synchronous reads, under rd_lock */
+  kvt_io *sio;                 /* the committer's data syncs */
+  /* the write pipeline (see write_group): chunks built by the flusher,
+   * written by the writer thread, synced and indexed by the committer;
+   * one lock and condition for both queues and the staging buffers */
+  pthread_t writer, committer;
+  int writer_on, committer_on, cq_stop, cq_failed;
+  pthread_mutex_t cq_lock;
+  pthread_cond_t cq_cv;
+  struct chunk *wq_head, *wq_tail;        /* built, to be written */
+  struct chunk *cq_head, *cq_tail;        /* written, to be synced and indexed */
+  struct chunk *cq_done;                  /* settled, newest first */
+  size_t in_flight;                       /* chunks posted and not settled */
+  uint8_t *stage[2];                      /* staging buffers, one per chunk in flight */
+  size_t stage_cap[2];
+  int stage_busy[2];
   pthread_mutex_t rd_lock;
   /* asynchronous reads: a reader thread owns aio and serves a queue */
   kvt_io *aio;
@@ -63,12 +79,19 @@ struct kvt_cold {
   uint32_t n_segs, max_segs;
   int active;                  /* segment being appended, or -1 */
   ZSTD_CCtx *cctx;             /* writer */
-  uint8_t *stage;              /* writer's staging buffer */
-  size_t stage_cap;
   uint8_t *plane;              /* writer's scratch for one byte plane */
   size_t plane_cap;
   kvt_cold_stats st;
+  kvt_evict *ev;               /* eviction order of the indexed blocks (a writer's) */
+  pthread_mutex_t ev_lock;     /* ev; taken alone, never with another lock */
+  uint64_t ev_evictions;       /* blocks invalidated by the order */
+  int ev_on;                   /* ev_lock initialized */
 };
+
+static int evict_start(kvt_cold *c);
+static void evict_stop(kvt_cold *c);
+static void evict_touch(kvt_cold *c, const kvt_key *key);
+static void evict_forget(kvt_cold *c, const kvt_key *key);
 
 /* ---------- little-endian helpers ---------- */
 
@@ -231,6 +254,8 @@ static int kvt_io_exists_seg(const kvt_cold *c, uint32_t id) {
 
 static int reader_start(kvt_cold *c);
 static void reader_stop(kvt_cold *c);
+static int committer_start(kvt_cold *c);
+static void committer_stop(kvt_cold *c);
 
 static int meta_get64(kvt_cold *c, MDB_txn *t, const char *name, uint64_t *v) {
   MDB_val key = {strlen(name), (void *)name}, val;
@@ -363,8 +388,9 @@ static int open_env(kvt_cold *c) {
 static int config_check(const kvt_cold_config *cfg) {
   if (!cfg->dir) return KVT_ENULL;
   if (cfg->segment_bytes < (1u << 20) || cfg->segment_bytes % KVT_IO_ALIGN) return KVT_EOPTION;
-  if (cfg->bytes_limit < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION;
+  if (cfg->bytes_limit / 2 < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION; /* + a spare */
   if (cfg->map_bytes < (1u << 20)) return KVT_EOPTION;
+  if (cfg->group_bytes == 0 && !cfg->rdonly) return KVT_EOPTION;
   if (cfg->zstd_level < -5 || cfg->zstd_level > 19) return KVT_EOPTION;
   if (strlen(cfg->dir) >= 4000) return -ENAMETOOLONG;
   return 0;
@@ -384,16 +410,21 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   c->max_segs = MAX_SEGS;
   pthread_mutex_init(&c->rd_lock, NULL);
   pthread_mutex_init(&c->st_lock, NULL);
+  pthread_mutex_init(&c->cq_lock, NULL);
+  pthread_cond_init(&c->cq_cv, NULL);
   c->segs = kvt_mem_calloc(m, KVT_MEM_OTHER, c->max_segs * sizeof *c->segs);
   if (!c->segs) rc = -ENOMEM;
   for (uint32_t i = 0; !rc && i < c->max_segs; i++) c->segs[i].fd = -1;
   if (!rc) rc = kvt_io_create(&cfg->io, &c->rio);
   if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->wio);
+  if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->sio);
   if (!rc && !cfg->rdonly && !(c->cctx = ZSTD_createCCtx())) rc = -ENOMEM;
   if (!rc) rc = kvt_io_create(&cfg->io, &c->aio);
   if (!rc) rc = open_env(c);
   if (!rc) rc = open_dbs(c);
   if (!rc) rc = reader_start(c);
+  if (!rc && !cfg->rdonly) rc = committer_start(c);
+  if (!rc) rc = evict_start(c);
   if (rc) {
     kvt_cold_close(c);
     return rc;
@@ -406,7 +437,9 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
 
 void kvt_cold_close(kvt_cold *c) {
   if (!c) return;
+  committer_stop(c); /* idle: every write_group waited for its chunks */
   reader_stop(c);
+  evict_stop(c);
   for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
     if (c->segs[i].fd >= 0) kvt_io_close(c->wio ? c->wio : c->rio, c->segs[i].fd);
   if (c->env) {
@@ -414,15 +447,20 @@ void kvt_cold_close(kvt_cold *c) {
     mdb_env_close(c->env);
   }
   kvt_io_destroy(c->wio);
+  kvt_io_destroy(c->sio);
   kvt_io_destroy(c->rio);
   kvt_io_destroy(c->aio);
   ZSTD_freeCCtx(c->cctx);
-  kvt_io_buf_free(c->stage);
+  kvt_io_buf_free(c->stage[0]);
+  kvt_io_buf_free(c->stage[1]);
   kvt_io_buf_free(c->plane);
-  kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)(c->stage_cap + c->plane_cap));
+  kvt_mem_note(c->mem, KVT_MEM_OTHER,
+               -(int64_t)(c->stage_cap[0] + c->stage_cap[1] + c->plane_cap));
   if (c->segs) kvt_mem_free(c->mem, KVT_MEM_OTHER, c->segs, c->max_segs * sizeof *c->segs);
   pthread_mutex_destroy(&c->rd_lock);
   pthread_mutex_destroy(&c->st_lock);
+  pthread_mutex_destroy(&c->cq_lock);
+  pthread_cond_destroy(&c->cq_cv);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, c, sizeof *c);
 }
 
@@ -611,11 +649,22 @@ static int key_indexed(kvt_cold *c, MDB_txn *t, const kvt_key *k) {
   return mdb_get(t, c->db_blocks, &key, &v) == 0;
 }
 
+/* Whole segments still to be had: free ones and files the limit allows. */
+static uint64_t spare_segs(const kvt_cold *c) {
+  uint64_t spare = 0, cap = c->cfg.bytes_limit / c->cfg.segment_bytes;
+  if (cap > c->max_segs) cap = c->max_segs;
+  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
+  return spare + (cap > c->n_segs ? cap - c->n_segs : 0);
+}
+
 /* A segment with room for len more bytes: the active one, else a free one
  * (its generation bumped: entries into its old life can no longer match),
- * else a new file while the limit allows. -1 when the tier is full. */
-static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n_sealed) {
+ * else a new file while the limit allows, as long as `reserve` spare
+ * segments are left. -1 when there is none. */
+static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t *sealed,
+                          size_t *n_sealed) {
   if (c->active >= 0 && c->segs[c->active].used + len <= c->cfg.segment_bytes) return c->active;
+  if (spare_segs(c) <= reserve) return -1; /* the active one keeps its room for smaller records */
   if (c->active >= 0) {
     c->segs[c->active].state = SEG_FULL;
     sealed[(*n_sealed)++] = (uint32_t)c->active;
@@ -630,8 +679,6 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n
     s->state = SEG_OPEN;
     return c->active = (int)id;
   }
-  if ((uint64_t)(c->n_segs + 1) * c->cfg.segment_bytes > c->cfg.bytes_limit || c->n_segs >= c->max_segs)
-    return -1;
   uint32_t id = c->n_segs;
   if (seg_open_file(c, id, 1)) return -1;
   c->n_segs++;
@@ -639,11 +686,25 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n
   return c->active = (int)id;
 }
 
-static int seg_for(kvt_cold *c, uint64_t len, uint32_t *sealed, size_t *n_sealed) {
+static int seg_for(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t *sealed,
+                   size_t *n_sealed) {
   pthread_mutex_lock(&c->st_lock); /* readers look up descriptors */
-  int id = seg_for_locked(c, len, sealed, n_sealed);
+  int id = seg_for_locked(c, len, reserve, sealed, n_sealed);
   pthread_mutex_unlock(&c->st_lock);
   return id;
+}
+
+static int find_locked(kvt_cold *c, MDB_txn *t, const kvt_key *key, kvt_cold_entry *e,
+                       kvt_cold_slice *one, uint32_t layer);
+
+/* The segment a reclaim relocates records out of. */
+typedef struct victim {
+  uint32_t id;
+  uint64_t gen;
+} victim;
+
+static int in_victim(const kvt_cold_entry *e, const victim *v) {
+  return e->seg == v->id && e->seg_gen == v->gen;
 }
 
 typedef struct placed {
@@ -651,17 +712,45 @@ typedef struct placed {
   uint64_t off;               /* in the segment */
   part *parts;                /* n_layers + 1 pieces, in disk order */
   kvt_cold_entry e;
+  uint64_t old_len;           /* relocated: the record it replaces */
+  int dead;                   /* relocated, but its entry had gone meanwhile */
 } placed;
 
-/* Index the placed records and the touched segments in one transaction,
- * then sync the environment once. */
-static int commit_group(kvt_cold *c, const placed *pl, size_t n, kvt_cold_slice *const *sl,
-                        const uint32_t *touched, size_t n_touched) {
+/* Live bytes of the indexed records of pl, and of the victim copies they
+ * replace, counted (sign 1) or uncounted (-1). */
+static void add_live(kvt_cold *c, const placed *pl, size_t np, const victim *vic, int sign) {
+  pthread_mutex_lock(&c->st_lock);
+  for (size_t i = 0; i < np; i++) {
+    if (pl[i].dead) continue;
+    uint64_t d = (uint64_t)(int64_t)sign;
+    c->segs[pl[i].seg].live += d * pl[i].e.rec_len;
+    c->st.live_bytes += d * pl[i].e.rec_len;
+    if (vic) {
+      c->segs[vic->id].live -= d * pl[i].old_len;
+      c->st.live_bytes -= d * pl[i].old_len;
+    }
+  }
+  pthread_mutex_unlock(&c->st_lock);
+}
+
+/* Index the placed records and save the touched segments in one
+ * transaction, then sync the environment once. A relocated record (vic)
+ * replaces its entry only while that still points into the victim: a
+ * block dropped meanwhile stays dropped. */
+static int commit_group(kvt_cold *c, placed *pl, size_t n, kvt_cold_slice *const *sl,
+                        const uint32_t *touched, size_t n_touched, const victim *vic) {
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
   uint8_t *val = NULL;
   for (size_t i = 0; i < n && !rc; i++) {
+    if (vic) {
+      kvt_cold_entry old;
+      int r = find_locked(c, t, &pl[i].e.key, &old, NULL, 0);
+      pl[i].dead = r || !in_victim(&old, vic);
+      pl[i].old_len = r ? 0 : old.rec_len;
+      if (pl[i].dead) continue;
+    }
     size_t vl = entry_len(pl[i].e.n_layers);
     uint8_t *nv = realloc(val, vl);
     if (!nv) {
@@ -676,13 +765,20 @@ static int commit_group(kvt_cold *c, const placed *pl, size_t n, kvt_cold_slice 
     rc = mdb_err(mdb_put(t, c->db_blocks, &k, &v, 0));
   }
   free(val);
-  for (size_t i = 0; i < n_touched && !rc; i++) rc = seg_save(c, t, touched[i]);
   if (rc) {
     mdb_txn_abort(t);
     return rc;
   }
-  rc = mdb_err(mdb_txn_commit(t));
-  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+  add_live(c, pl, n, vic, 1); /* the segment rows below carry it */
+  for (size_t i = 0; i < n_touched && !rc; i++) rc = seg_save(c, t, touched[i]);
+  if (!rc && vic) rc = seg_save(c, t, vic->id);
+  if (!rc) rc = mdb_err(mdb_txn_commit(t));
+  else mdb_txn_abort(t);
+  if (rc) {
+    add_live(c, pl, n, vic, -1); /* not indexed: not live; its pages are never rewritten */
+    return rc;
+  }
+  return mdb_err(mdb_env_sync(c->env, 1));
 }
 
 static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
@@ -691,50 +787,221 @@ static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
   touched[(*n)++] = id;
 }
 
-static void add_live(kvt_cold *c, const placed *pl, size_t np, int sign) {
-  pthread_mutex_lock(&c->st_lock);
-  for (size_t i = 0; i < np; i++) c->segs[pl[i].seg].live += (uint64_t)(int64_t)sign * pl[i].e.rec_len;
-  pthread_mutex_unlock(&c->st_lock);
+/* ---------- the write pipeline ----------
+ *
+ * A call of write_group cuts its records into chunks of at most
+ * cfg.group_bytes, and each chunk goes through three threads in turn:
+ *   the flusher (the caller) places it and builds its records in one of
+ *     two staging buffers;
+ *   the writer thread writes it (wio);
+ *   the committer thread fdatasyncs the segments it touched (sio) and
+ *     commits its index entries (commit_group).
+ * Each stage takes chunks in order, so while chunk k is being written,
+ * chunk k+1 is built and chunk k-1 is synced and indexed. The durability
+ * order of every chunk is as before: written, synced, then indexed. Once
+ * a chunk fails, no later chunk is indexed (their pages are skipped
+ * forever). write_group returns when every chunk it posted is settled. */
+
+typedef struct chunk {
+  placed *pl;
+  kvt_cold_slice **sl;
+  uint32_t *touched;
+  size_t np, n_touched;
+  kvt_io_req *w;              /* the writes, from stage buffer `buf` */
+  size_t nw;
+  int buf;                    /* staging buffer held, or -1 */
+  size_t upto;                /* records of the call settled once this commits */
+  const victim *vic;
+  int rc;
+  struct chunk *next;
+} chunk;
+
+static void chunk_free(chunk *k) {
+  if (!k) return;
+  for (size_t i = 0; k->sl && i < k->np; i++) {
+    free(k->sl[i]);
+    free(k->pl[i].parts);
+  }
+  free(k->pl);
+  free(k->sl);
+  free(k->touched);
+  free(k->w);
+  free(k);
 }
 
-static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
-  if (written) *written = 0;
-  if (n == 0) return 0;
-  size_t stage_need = 0, plane_need = 0;
-  for (size_t i = 0; i < n; i++) {
-    stage_need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
-    size_t pn = 2 * (size_t)recs[i].bytes_each + ZSTD_compressBound(4096);
-    if (pn > plane_need) plane_need = pn;
+/* With cq_lock held. */
+static void q_push(chunk **head, chunk **tail, chunk *k) {
+  k->next = NULL;
+  if (*tail) (*tail)->next = k;
+  else *head = k;
+  *tail = k;
+}
+
+static chunk *q_pop(chunk **head, chunk **tail) {
+  chunk *k = *head;
+  *head = k->next;
+  if (!*head) *tail = NULL;
+  return k;
+}
+
+/* A free staging buffer (waiting for the writer to release one). */
+static int stage_get(kvt_cold *c) {
+  pthread_mutex_lock(&c->cq_lock);
+  while (c->stage_busy[0] && c->stage_busy[1]) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+  int i = c->stage_busy[0] ? 1 : 0;
+  c->stage_busy[i] = 1;
+  pthread_mutex_unlock(&c->cq_lock);
+  return i;
+}
+
+/* With cq_lock held. */
+static void stage_put(kvt_cold *c, chunk *k) {
+  if (k->buf < 0) return;
+  c->stage_busy[k->buf] = 0;
+  k->buf = -1;
+  pthread_cond_broadcast(&c->cq_cv);
+}
+
+/* Committer: sync what the chunk wrote, then index it. */
+static int chunk_commit(kvt_cold *c, chunk *k) {
+  int rc = 0;
+  if (k->np == 0 && k->n_touched == 0) return 0; /* a marker: settles in order */
+  for (size_t i = 0; !rc && i < k->n_touched; i++) {
+    pthread_mutex_lock(&c->st_lock);
+    int fd = c->segs[k->touched[i]].state != SEG_FREE ? c->segs[k->touched[i]].fd : -1;
+    pthread_mutex_unlock(&c->st_lock);
+    if (fd >= 0) rc = kvt_io_sync(c->sio, fd);
   }
-  placed *pl = calloc(n, sizeof *pl);
-  kvt_cold_slice **sl = calloc(n, sizeof *sl);
-  uint32_t *touched = calloc(2 * n + 2, sizeof *touched), *sealed = calloc(n + 1, sizeof *sealed);
-  int rc = (!pl || !sl || !touched || !sealed) ? -ENOMEM : 0;
-  if (!rc) rc = ensure(c, &c->stage, &c->stage_cap, stage_need);
+  if (!rc) rc = commit_group(c, k->pl, k->np, k->sl, k->touched, k->n_touched, k->vic);
+  pthread_mutex_lock(&c->st_lock);
+  if (!rc) {
+    c->st.groups_written += k->np > 0;
+    c->st.records_written += k->np;
+    for (size_t i = 0; i < k->np; i++) c->st.bytes_written += k->pl[i].e.rec_len;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+static void *writer_main(void *arg) {
+  kvt_cold *c = arg;
+  pthread_mutex_lock(&c->cq_lock);
+  for (;;) {
+    while (!c->wq_head && !c->cq_stop) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+    if (!c->wq_head) break;
+    chunk *k = q_pop(&c->wq_head, &c->wq_tail);
+    int failed = c->cq_failed;
+    pthread_mutex_unlock(&c->cq_lock);
+    k->rc = failed ? failed : k->nw ? kvt_io_run(c->wio, k->w, k->nw) : 0;
+    pthread_mutex_lock(&c->cq_lock);
+    stage_put(c, k);
+    if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
+    q_push(&c->cq_head, &c->cq_tail, k);
+    pthread_cond_broadcast(&c->cq_cv);
+  }
+  pthread_mutex_unlock(&c->cq_lock);
+  return NULL;
+}
+
+static void *committer_main(void *arg) {
+  kvt_cold *c = arg;
+  pthread_mutex_lock(&c->cq_lock);
+  for (;;) {
+    while (!c->cq_head && !c->cq_stop) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+    if (!c->cq_head) break;
+    chunk *k = q_pop(&c->cq_head, &c->cq_tail);
+    int failed = c->cq_failed;
+    pthread_mutex_unlock(&c->cq_lock);
+    if (!k->rc) k->rc = failed ? failed : chunk_commit(c, k);
+    pthread_mutex_lock(&c->cq_lock);
+    if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
+    k->next = c->cq_done;
+    c->cq_done = k;
+    c->in_flight--;
+    pthread_cond_broadcast(&c->cq_cv);
+  }
+  pthread_mutex_unlock(&c->cq_lock);
+  return NULL;
+}
+
+static int committer_start(kvt_cold *c) {
+  int rc = -pthread_create(&c->writer, NULL, writer_main, c);
+  if (rc) return rc;
+  c->writer_on = 1;
+  rc = -pthread_create(&c->committer, NULL, committer_main, c);
+  if (!rc) c->committer_on = 1;
+  return rc;
+}
+
+/* Both threads are idle by now: every write_group waited for its chunks. */
+static void committer_stop(kvt_cold *c) {
+  if (!c->writer_on && !c->committer_on) return;
+  pthread_mutex_lock(&c->cq_lock);
+  c->cq_stop = 1;
+  pthread_cond_broadcast(&c->cq_cv);
+  pthread_mutex_unlock(&c->cq_lock);
+  if (c->writer_on) pthread_join(c->writer, NULL);
+  if (c->committer_on) pthread_join(c->committer, NULL);
+  c->writer_on = c->committer_on = 0;
+}
+
+/* Place and build records from recs[0] on, up to group_bytes of them (at
+ * least one), in staging buffer `buf`, and list their writes. *used:
+ * records looked at (placed, or skipped as indexed); *full: the tier had
+ * no room for recs[*used]. Returns 0 with *out the chunk (NULL when there
+ * is nothing to write), or an error (nothing of it will be indexed). The
+ * chunk holds buf until written; without a chunk, buf is released. */
+static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       int buf, chunk **out, size_t *used, int *full) {
+  *out = NULL;
+  *used = 0;
+  *full = 0;
+  size_t m = 0, stage_need = 0, plane_need = 0;
+  while (m < n) { /* the chunk's records */
+    uint64_t max = kvt_cold_record_max(recs[m].n_layers, recs[m].bytes_each);
+    if (m && stage_need + max > c->cfg.group_bytes) break;
+    stage_need += max;
+    size_t pn = 2 * (size_t)recs[m].bytes_each + ZSTD_compressBound(4096);
+    if (pn > plane_need) plane_need = pn;
+    m++;
+  }
+  chunk *k = calloc(1, sizeof *k);
+  uint32_t *sealed = calloc(m + 1, sizeof *sealed);
+  int rc = k && sealed ? 0 : -ENOMEM;
+  if (!rc) {
+    k->buf = buf;
+    k->pl = calloc(m, sizeof *k->pl);
+    k->sl = calloc(m, sizeof *k->sl);
+    k->touched = calloc(2 * m + 2, sizeof *k->touched);
+    k->vic = vic;
+    if (!k->pl || !k->sl || !k->touched) rc = -ENOMEM;
+  }
+  if (!rc) rc = ensure(c, &c->stage[buf], &c->stage_cap[buf], stage_need);
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
+  uint8_t *stage = c->stage[buf];
   MDB_txn *rt = NULL;
   if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
-  size_t np = 0, n_touched = 0, n_sealed = 0, stage_off = 0, n_parts = 0;
-  for (size_t i = 0; i < n && !rc; i++) {
-    if (key_indexed(c, rt, &recs[i].key)) continue;
+  size_t np = 0, n_sealed = 0, stage_off = 0, n_parts = 0, i = 0;
+  for (; i < m && !rc; i++) {
+    if (!vic && key_indexed(c, rt, &recs[i].key)) continue;
     uint64_t max = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
     if (max > c->cfg.segment_bytes) {
       rc = KVT_EOPTION; /* a record must fit a segment */
       break;
     }
-    int id = seg_for(c, max, sealed, &n_sealed);
+    int id = seg_for(c, max, vic ? 0 : 1, sealed, &n_sealed);
     if (id < 0) {
       pthread_mutex_lock(&c->st_lock);
       c->st.full_refusals += n - i;
       pthread_mutex_unlock(&c->st_lock);
-      if (np == 0) rc = KVT_EFULL;
+      *full = 1;
       break;
     }
-    placed *p = &pl[np];
-    sl[np] = malloc(recs[i].n_layers * sizeof **sl);
+    placed *p = &k->pl[np];
+    k->sl[np] = malloc(recs[i].n_layers * sizeof **k->sl);
     p->parts = malloc((recs[i].n_layers + 1) * sizeof *p->parts);
-    if (!sl[np] || !p->parts) {
-      free(sl[np]);
+    if (!k->sl[np] || !p->parts) {
+      free(k->sl[np]);
       free(p->parts);
       rc = -ENOMEM;
       break;
@@ -743,69 +1010,135 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *
     p->seg = (uint32_t)id;
     p->off = s->used;
     size_t staged;
-    uint32_t len = build_record(c, &recs[i], s->gen, c->stage + stage_off, &p->e, sl[np], p->parts,
-                                &staged);
+    uint32_t len = build_record(c, &recs[i], s->gen, stage + stage_off, &p->e, k->sl[np],
+                                p->parts, &staged);
     p->e.seg = (uint32_t)id;
     p->e.offset = p->off;
+    pthread_mutex_lock(&c->st_lock); /* the committer saves segment rows */
     s->used += len;
+    pthread_mutex_unlock(&c->st_lock);
     stage_off += staged;
     n_parts += recs[i].n_layers + 1;
-    add_touched(touched, &n_touched, (uint32_t)id);
-    np++;
+    add_touched(k->touched, &k->n_touched, (uint32_t)id);
+    k->np = ++np;
   }
+  *used = i;
   if (rt) mdb_txn_abort(rt);
-  for (size_t i = 0; i < n_sealed; i++) add_touched(touched, &n_touched, sealed[i]);
-  if (!rc || (rc == KVT_EFULL && np)) rc = 0;
+  for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
+  free(sealed);
   /* One write per piece; pieces adjacent both in memory and on disk merge. */
-  kvt_io_req *w = rc ? NULL : calloc(n_parts + 1, sizeof *w);
-  size_t nw = 0;
-  if (!rc && !w) rc = -ENOMEM;
-  for (size_t i = 0; !rc && i < np; i++) {
-    uint64_t off = pl[i].off;
-    int fd = c->segs[pl[i].seg].fd;
-    for (uint32_t k = 0; k <= pl[i].e.n_layers; k++) {
-      const part *pt = &pl[i].parts[k];
-      kvt_io_req *last = nw ? &w[nw - 1] : NULL;
+  if (!rc && !(k->w = calloc(n_parts + 1, sizeof *k->w))) rc = -ENOMEM;
+  for (size_t j = 0; !rc && j < np; j++) {
+    uint64_t off = k->pl[j].off;
+    int fd = c->segs[k->pl[j].seg].fd;
+    for (uint32_t l = 0; l <= k->pl[j].e.n_layers; l++) {
+      const part *pt = &k->pl[j].parts[l];
+      kvt_io_req *last = k->nw ? &k->w[k->nw - 1] : NULL;
       if (last && last->fd == fd && last->off + last->len == off &&
           (const uint8_t *)last->buf + last->len == pt->buf && (uint64_t)last->len + pt->len < (1u << 30)) {
         last->len += pt->len;
       } else {
-        w[nw++] = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_WRITE, .buf = (void *)pt->buf,
-                               .len = pt->len, .off = off};
+        k->w[k->nw++] = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_WRITE, .buf = (void *)pt->buf,
+                                     .len = pt->len, .off = off};
       }
       off += pt->len;
     }
   }
-  if (!rc) rc = kvt_io_run(c->wio, w, nw);
-  for (size_t i = 0; !rc && i < n_touched; i++)
-    if (c->segs[touched[i]].state != SEG_FREE) rc = kvt_io_sync(c->wio, c->segs[touched[i]].fd);
-  if (!rc) {
-    add_live(c, pl, np, 1);
-    rc = commit_group(c, pl, np, sl, touched, n_touched);
-    if (rc) add_live(c, pl, np, -1); /* not indexed: not live; its pages are never rewritten */
+  if (rc || (np == 0 && k->n_touched == 0)) {
+    if (k) k->buf = -1;
+    chunk_free(k);
+    pthread_mutex_lock(&c->cq_lock);
+    c->stage_busy[buf] = 0;
+    pthread_cond_broadcast(&c->cq_cv);
+    pthread_mutex_unlock(&c->cq_lock);
+    return rc;
   }
-  pthread_mutex_lock(&c->st_lock);
-  if (rc) {
-    c->st.write_failures++;
-  } else {
-    c->st.groups_written++;
-    c->st.records_written += np;
-    for (size_t i = 0; i < np; i++) {
-      c->st.bytes_written += pl[i].e.rec_len;
-      c->st.live_bytes += pl[i].e.rec_len;
+  *out = k;
+  return 0;
+}
+
+/* Hand chunk k to the writer (a chunk with no writes goes through it too,
+ * so that everything settles in order). */
+static void chunk_post(kvt_cold *c, chunk *k) {
+  pthread_mutex_lock(&c->cq_lock);
+  c->in_flight++;
+  q_push(&c->wq_head, &c->wq_tail, k);
+  pthread_cond_broadcast(&c->cq_cv);
+  pthread_mutex_unlock(&c->cq_lock);
+}
+
+/* Wait until every chunk posted is settled; *done: records settled by the
+ * leading chunks that committed; returns the first failure. The failure
+ * flag is cleared for the next call. */
+static int chunks_wait(kvt_cold *c, size_t *done) {
+  pthread_mutex_lock(&c->cq_lock);
+  while (c->in_flight) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+  chunk *list = c->cq_done;
+  c->cq_done = NULL;
+  c->cq_failed = 0;
+  pthread_mutex_unlock(&c->cq_lock);
+  chunk *rev = NULL; /* oldest first */
+  while (list) {
+    chunk *nx = list->next;
+    list->next = rev;
+    rev = list;
+    list = nx;
+  }
+  int rc = 0;
+  for (chunk *k = rev; k;) {
+    chunk *nx = k->next;
+    if (!rc && k->rc) rc = k->rc;
+    if (!rc) *done = k->upto;
+    chunk_free(k);
+    k = nx;
+  }
+  return rc;
+}
+
+/* Write records as groups of at most group_bytes: placed in order,
+ * written, synced, then indexed (the pipeline above). New records (vic
+ * NULL) skip keys already indexed and leave one spare segment for
+ * relocations; relocated ones (from segment vic) may use it. *written:
+ * the leading records now indexed. */
+static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       size_t *written) {
+  if (written) *written = 0;
+  if (n == 0) return 0;
+  size_t at = 0, done = 0;
+  int rc = 0, full = 0;
+  while (at < n && !rc && !full) {
+    pthread_mutex_lock(&c->cq_lock);
+    int failed = c->cq_failed; /* the rest would not be committed */
+    int idle = c->in_flight == 0;
+    pthread_mutex_unlock(&c->cq_lock);
+    if (failed) break;
+    chunk *k;
+    size_t used;
+    rc = chunk_build(c, recs + at, n - at, vic, stage_get(c), &k, &used, &full);
+    at += used;
+    if (rc) break;
+    if (!k && idle) { /* nothing to write: settled already */
+      done = at;
+      continue;
     }
+    if (!k && !(k = calloc(1, sizeof *k))) { /* settles once what came before does */
+      rc = -ENOMEM;
+      break;
+    }
+    if (!k->pl) k->buf = -1;
+    k->upto = at;
+    chunk_post(c, k);
   }
-  pthread_mutex_unlock(&c->st_lock);
-  if (!rc && written) *written = np;
-  for (size_t i = 0; sl && i < np; i++) {
-    free(sl[i]);
-    free(pl[i].parts);
+  size_t settled = done;
+  int crc = chunks_wait(c, &settled);
+  if (!rc) rc = crc;
+  if (!rc && settled < n) rc = KVT_EFULL; /* a group not written in full */
+  if (rc) {
+    pthread_mutex_lock(&c->st_lock);
+    c->st.write_failures++;
+    pthread_mutex_unlock(&c->st_lock);
   }
-  free(w);
-  free(pl);
-  free(sl);
-  free(touched);
-  free(sealed);
+  if (written) *written = settled;
   return rc;
 }
 
@@ -831,6 +1164,7 @@ int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e) {
   if (rc) return rc;
   rc = find_locked(c, t, key, e, NULL, 0);
   mdb_txn_abort(t);
+  if (!rc) evict_touch(c, key); /* a lookup of it: a use */
   return rc;
 }
 
@@ -840,6 +1174,7 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
   size_t i = 0;
   while (i < n && key_indexed(c, t, &keys[i])) i++;
   mdb_txn_abort(t);
+  for (size_t k = 0; k < i; k++) evict_touch(c, &keys[k]);
   return i;
 }
 
@@ -958,6 +1293,7 @@ static int remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key) {
   if (rc) return rc;
   rc = mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
   if (rc) return rc;
+  evict_forget(c, key);
   pthread_mutex_lock(&c->st_lock);
   if (e.seg < c->n_segs && c->segs[e.seg].gen == e.seg_gen && c->segs[e.seg].live >= e.rec_len)
     c->segs[e.seg].live -= e.rec_len;
@@ -989,8 +1325,9 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
   }
   pthread_mutex_lock(&c->st_lock);
   *st = c->st;
-  st->evictions = c->evictions;
+  st->evictions = c->evictions + c->ev_evictions;
   st->reclaims = c->reclaims;
+  st->relocated = c->relocated;
   st->records = ms.ms_entries;
   st->segments = c->n_segs;
   st->segment_bytes = c->cfg.segment_bytes;
@@ -1173,15 +1510,14 @@ void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *, const kvt_key *), void *
   c->keep_arg = arg;
 }
 
-/* Would records of these sizes fit, placed in order, without reclaiming? */
-static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n) {
+/* Would records of these sizes fit, placed in order, without reclaiming,
+ * leaving `reserve` spare segments? */
+static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n, uint64_t reserve) {
   uint64_t segb = c->cfg.segment_bytes, room = c->active >= 0 ? segb - c->segs[c->active].used : 0;
-  uint64_t spare = 0; /* whole segments still to be had: free ones and new files */
-  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
-  spare += c->cfg.bytes_limit / segb > c->n_segs ? c->cfg.bytes_limit / segb - c->n_segs : 0;
+  uint64_t spare = spare_segs(c);
   for (size_t i = 0; i < n; i++) {
     if (sizes[i] > room) {
-      if (!spare--) return 0;
+      if (spare-- <= reserve) return 0;
       room = segb;
     }
     room -= sizes[i];
@@ -1189,6 +1525,9 @@ static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n) {
   return 1;
 }
 
+/* The full segment with the fewest live bytes; the one being appended
+ * only when no segment is full (it holds the newest blocks, the likeliest
+ * to be wanted again). */
 static int victim_seg(const kvt_cold *c) {
   int best = -1;
   for (uint32_t id = 0; id < c->n_segs; id++) {
@@ -1196,6 +1535,7 @@ static int victim_seg(const kvt_cold *c) {
     if (s->state != SEG_FULL || s->fd < 0 || (int)id == c->active) continue;
     if (best < 0 || s->live < c->segs[best].live) best = (int)id;
   }
+  if (best < 0 && c->active >= 0 && c->segs[c->active].used > 0) best = c->active;
   return best;
 }
 
@@ -1255,111 +1595,140 @@ static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n
   return rc;
 }
 
+/* Relocate the carried records out of segment vic (write_group), then
+ * remove what is left of vic from the index and free it, in one durable
+ * transaction. A block is never out of the index while it is still
+ * referenced: a kill at any point leaves it at its old place or its new
+ * one. Returns 1 when vic was freed, 0 when it could not be (a relocation
+ * did not fit), or a negative error. */
+static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entry *ents, size_t n,
+                             const carry *cy, size_t n_cy) {
+  int rc = 0;
+  if (n_cy) {
+    kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
+    if (!cr) return -ENOMEM;
+    for (size_t i = 0; i < n_cy; i++) cr[i] = cy[i].rec;
+    rc = write_group(c, cr, n_cy, vic, NULL);
+    free(cr);
+    if (rc) return rc == KVT_EFULL ? 0 : rc;
+  }
+  MDB_txn *t;
+  rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  if (rc) return rc;
+  int freed = 1;
+  for (size_t i = 0; !rc && freed && i < n_cy; i++) { /* every relocation indexed? */
+    kvt_cold_entry cur;
+    freed = find_locked(c, t, &cy[i].rec.key, &cur, NULL, 0) || !in_victim(&cur, vic);
+  }
+  for (size_t i = 0; !rc && freed && i < n; i++) {
+    kvt_cold_entry cur;
+    int r = find_locked(c, t, &ents[i].key, &cur, NULL, 0);
+    if (r == KVT_ENOTFOUND || (!r && !in_victim(&cur, vic))) continue; /* gone or relocated */
+    r = remove_in(c, t, &ents[i].key);
+    if (r && r != KVT_ENOTFOUND) rc = r;
+  }
+  if (!rc && freed) {
+    pthread_mutex_lock(&c->st_lock);
+    c->segs[vic->id].state = SEG_FREE;
+    c->segs[vic->id].live = 0;
+    pthread_mutex_unlock(&c->st_lock);
+    rc = seg_save(c, t, vic->id);
+  }
+  if (!rc && freed) rc = mdb_err(mdb_txn_commit(t));
+  else mdb_txn_abort(t);
+  if (rc) { /* the segment table in memory follows the index again */
+    pthread_mutex_lock(&c->st_lock);
+    if (c->segs[vic->id].state == SEG_FREE) c->segs[vic->id].state = SEG_FULL;
+    pthread_mutex_unlock(&c->st_lock);
+    return rc;
+  }
+  if (freed) rc = mdb_err(mdb_env_sync(c->env, 1)); /* removal durable before reuse */
+  return rc ? rc : freed;
+}
+
 /* Reclaim the full segment with the fewest live bytes: the blocks the
- * engine still references are read back into *carry (to be written again);
- * every entry of the segment leaves the index, durably, before the segment
- * is marked free for reuse. Returns the bytes freed net of what must be
- * rewritten (0: reclaiming cannot help), or a negative error. */
-static int64_t reclaim_one(kvt_cold *c, carry **cy, size_t *n_cy, size_t *cap_cy) {
+ * engine still references are read back and written again elsewhere
+ * first, then every other entry of the segment leaves the index, durably,
+ * before the segment is marked free for reuse. Returns the bytes freed net
+ * of what was rewritten (0: reclaiming cannot help), or a negative error. */
+static int64_t reclaim_one(kvt_cold *c) {
   int id = victim_seg(c);
   if (id < 0) return 0;
+  int was_active = id == c->active;
+  if (was_active) { /* sealed: relocations must go elsewhere */
+    pthread_mutex_lock(&c->st_lock);
+    c->segs[id].state = SEG_FULL;
+    c->active = -1;
+    pthread_mutex_unlock(&c->st_lock);
+  }
+  victim vic = {(uint32_t)id, c->segs[id].gen};
   kvt_cold_entry *ents;
   size_t n;
-  int rc = seg_entries(c, (uint32_t)id, &ents, &n);
+  int rc = seg_entries(c, vic.id, &ents, &n);
   if (rc) return rc;
-  uint64_t kept = 0, n_kept = 0;
+  carry *cy = n ? calloc(n, sizeof *cy) : NULL;
+  uint64_t kept = 0, *sizes = n ? malloc(n * sizeof *sizes) : NULL;
+  size_t n_cy = 0;
+  if (n && (!cy || !sizes)) rc = -ENOMEM;
   for (size_t i = 0; i < n && !rc; i++) {
     if (!c->keep || !c->keep(c->keep_arg, &ents[i].key)) continue;
-    if (*n_cy == *cap_cy) {
-      carry *nc = realloc(*cy, (*cap_cy = *cap_cy ? 2 * *cap_cy : 16) * sizeof *nc);
-      if (!nc) {
-        rc = -ENOMEM;
-        break;
-      }
-      *cy = nc;
-    }
-    carry *x = &(*cy)[(*n_cy)++];
-    *x = (carry){0};
+    carry *x = &cy[n_cy++];
     int r = carry_load(c, &ents[i], x);
     if (r == KVT_ECORRUPT || r == KVT_ENOTFOUND) { /* unreadable: it was lost already */
       carry_free(x, 1);
-      (*n_cy)--;
+      *x = (carry){0};
+      n_cy--;
     } else if (r) {
       rc = r;
     } else {
+      sizes[n_cy - 1] = kvt_cold_record_max(x->rec.n_layers, x->rec.bytes_each);
       kept += ents[i].rec_len;
-      n_kept++;
     }
   }
-  MDB_txn *t = NULL;
-  if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
-  for (size_t i = 0; !rc && i < n; i++) {
-    int r = remove_in(c, t, &ents[i].key);
-    if (r && r != KVT_ENOTFOUND) rc = r;
-  }
   uint64_t live = c->segs[id].live;
-  if (!rc) {
-    pthread_mutex_lock(&c->st_lock);
-    c->segs[id].state = SEG_FREE;
-    c->segs[id].live = 0;
-    pthread_mutex_unlock(&c->st_lock);
-    rc = seg_save(c, t, (uint32_t)id);
-  }
-  if (t && !rc) rc = mdb_err(mdb_txn_commit(t));
-  else if (t) mdb_txn_abort(t);
-  if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1)); /* removal durable before reuse */
+  int freed = 0;
+  /* Worth it only when it frees something, and possible only when the
+   * relocations fit (the spare segment new records leave is for them). */
+  if (!rc && (n_cy == 0 || kept < live) && fits(c, sizes, n_cy, 0))
+    freed = rc = relocate_and_free(c, &vic, ents, n, cy, n_cy);
+  carry_free(cy, n_cy);
+  free(cy);
+  free(sizes);
   free(ents);
-  if (rc) return rc;
+  if (!freed && was_active && c->active < 0 && c->segs[id].state == SEG_FULL) {
+    pthread_mutex_lock(&c->st_lock); /* not reclaimed after all: append to it again */
+    c->segs[id].state = SEG_OPEN;
+    c->active = id;
+    pthread_mutex_unlock(&c->st_lock);
+  }
+  if (rc < 0) return rc;
+  if (!freed) return 0;
   pthread_mutex_lock(&c->st_lock);
   c->reclaims++;
-  c->evictions += n - n_kept; /* the kept ones are written again */
+  c->evictions += n - n_cy; /* the kept ones were written again */
+  c->relocated += n_cy;
   pthread_mutex_unlock(&c->st_lock);
   return live > kept ? (int64_t)(live - kept) : 0;
-}
-
-/* Do the carried and the new records fit, carried ones first? */
-static int group_fits(const kvt_cold *c, const carry *cy, size_t n_cy, const kvt_cold_rec *recs,
-                      size_t n, uint64_t *sizes) {
-  for (size_t i = 0; i < n_cy; i++) sizes[i] = kvt_cold_record_max(cy[i].rec.n_layers, cy[i].rec.bytes_each);
-  for (size_t i = 0; i < n; i++) sizes[n_cy + i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
-  return fits(c, sizes, n_cy + n);
 }
 
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
   if (written) *written = 0;
   if (c->cfg.rdonly) return KVT_ERDONLY;
   if (n == 0) return 0;
-  carry *cy = NULL;
-  size_t n_cy = 0, cap_cy = 0;
-  uint64_t *sizes = NULL;
+  uint64_t *sizes = malloc(n * sizeof *sizes);
+  if (!sizes) return -ENOMEM;
+  for (size_t i = 0; i < n; i++) sizes[i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
   int rc = 0;
-  /* Make room one segment at a time; what must stay is carried along. At
-   * most every segment once: a segment full of kept blocks frees nothing. */
+  /* Make room one segment at a time, while reclaiming helps (at most
+   * every segment once), keeping one spare segment for relocations. */
   for (uint32_t round = 0; !rc && round <= c->n_segs; round++) {
-    uint64_t *ns = realloc(sizes, (n_cy + n + 1) * sizeof *ns);
-    if (!ns) {
-      rc = -ENOMEM;
-      break;
-    }
-    sizes = ns;
-    if (group_fits(c, cy, n_cy, recs, n, sizes) || victim_seg(c) < 0) break;
-    int64_t r = reclaim_one(c, &cy, &n_cy, &cap_cy);
-    if (r < 0) rc = (int)r;
+    if (fits(c, sizes, n, 1)) break;
+    int64_t r = reclaim_one(c);
+    if (r <= 0) rc = (int)r;
+    if (r == 0) break;
   }
   free(sizes);
-  size_t w1 = 0, w2 = 0;
-  if (!rc && n_cy) { /* carried blocks first: they were durable already */
-    kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
-    rc = cr ? 0 : -ENOMEM;
-    for (size_t i = 0; !rc && i < n_cy; i++) cr[i] = cy[i].rec;
-    if (!rc) rc = write_group(c, cr, n_cy, &w1);
-    free(cr);
-  }
-  carry_free(cy, n_cy);
-  free(cy);
-  if (!rc) rc = write_group(c, recs, n, &w2);
-  if (written) *written = w2;
-  return rc;
+  return rc ? rc : write_group(c, recs, n, NULL, written);
 }
 
 /* ---------- asynchronous reads ---------- */
@@ -1546,4 +1915,121 @@ void kvt_cold_read_wait(kvt_cold_batch *b) {
   pthread_mutex_destroy(&b->m);
   pthread_cond_destroy(&b->cv);
   free(b);
+}
+
+/* ---------- eviction order (tiers/evict.h) ----------
+ * The index knows where blocks are; evict.c knows which to give up first.
+ * It tracks every indexed block of a writer (key, parent, record size):
+ * loaded from the index at open, told of new records by kvt_cold_track(),
+ * of uses by kvt_cold_find() and kvt_cold_prefix(), of removals by
+ * remove_in(). Records that reclaiming a segment relocates (still
+ * referenced) keep their key and their place in it. ev_lock is a leaf
+ * lock: keep() (which takes the engine lock) is never called with it
+ * held. */
+
+static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
+  kvt_cold *c = arg;
+  (void)v;
+  if (!e) return 0; /* unparsable: fsck's business, never chosen */
+  int rc = kvt_evict_add(c->ev, key, &e->parent, e->rec_len);
+  return rc == -EEXIST ? 0 : rc;
+}
+
+static int evict_start(kvt_cold *c) {
+  if (c->cfg.rdonly) return 0;
+  pthread_mutex_init(&c->ev_lock, NULL);
+  c->ev_on = 1;
+  int rc = kvt_evict_create(c->mem, KVT_MEM_INDEX, c->cfg.evict_policy, &c->ev);
+  if (!rc) rc = each_entry(c, evict_load_one, c);
+  return rc;
+}
+
+static void evict_stop(kvt_cold *c) {
+  if (!c->ev_on) return;
+  kvt_evict_free(c->ev);
+  c->ev = NULL;
+  pthread_mutex_destroy(&c->ev_lock);
+}
+
+static void evict_touch(kvt_cold *c, const kvt_key *key) {
+  if (!c->ev) return;
+  pthread_mutex_lock(&c->ev_lock);
+  kvt_evict_touch(c->ev, key);
+  pthread_mutex_unlock(&c->ev_lock);
+}
+
+static void evict_forget(kvt_cold *c, const kvt_key *key) {
+  if (!c->ev) return;
+  pthread_mutex_lock(&c->ev_lock);
+  kvt_evict_remove(c->ev, key, NULL);
+  pthread_mutex_unlock(&c->ev_lock);
+}
+
+void kvt_cold_track(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
+  if (!c->ev || n == 0) return;
+  MDB_txn *t;
+  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return;
+  for (size_t i = 0; i < n; i++) {
+    kvt_cold_entry e;
+    if (find_locked(c, t, &recs[i].key, &e, NULL, 0)) continue; /* not written */
+    pthread_mutex_lock(&c->ev_lock);
+    kvt_evict_add(c->ev, &e.key, &e.parent, e.rec_len); /* -ENOMEM: untracked, reclaimable */
+    pthread_mutex_unlock(&c->ev_lock);
+  }
+  mdb_txn_abort(t);
+}
+
+/* Keys found kept while choosing victims, so the order skips them. */
+typedef struct kept_set {
+  kvt_key *v;
+  size_t n, cap;
+} kept_set;
+
+static int in_kept(void *arg, const kvt_key *key) {
+  const kept_set *k = arg;
+  for (size_t i = 0; i < k->n; i++)
+    if (memcmp(k->v[i].b, key->b, 16) == 0) return 1;
+  return 0;
+}
+
+#define KEPT_MAX 4096 /* referenced blocks looked past before giving up */
+
+int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
+  if (!c->ev || c->cfg.rdonly) return 0;
+  uint64_t segb = c->cfg.segment_bytes, lim = c->cfg.bytes_limit;
+  uint64_t room = lim > 2 * segb ? lim - segb : lim / 2; /* a segment's slack for reclaiming */
+  uint64_t target = need < room ? room - need : 0;
+  pthread_mutex_lock(&c->st_lock);
+  uint64_t live = c->st.live_bytes;
+  pthread_mutex_unlock(&c->st_lock);
+  kept_set kept = {0};
+  kvt_key *gone = NULL;
+  size_t n_gone = 0, cap_gone = 0;
+  int rc = 0;
+  while (live > target && kept.n < KEPT_MAX) {
+    kvt_key v;
+    uint64_t bytes = 0;
+    pthread_mutex_lock(&c->ev_lock);
+    int r = kvt_evict_victim(c->ev, in_kept, &kept, &v, &bytes);
+    pthread_mutex_unlock(&c->ev_lock);
+    if (r) break; /* everything left is referenced */
+    if (c->keep && c->keep(c->keep_arg, &v)) { /* referenced: look past it */
+      if ((rc = grow(&kept.v, &kept.cap, kept.n, sizeof *kept.v))) break;
+      kept.v[kept.n++] = v;
+      continue;
+    }
+    if ((rc = grow(&gone, &cap_gone, n_gone, sizeof *gone))) break;
+    gone[n_gone++] = v;
+    evict_forget(c, &v);
+    live = live > bytes ? live - bytes : 0;
+  }
+  uint64_t removed = 0;
+  if (!rc && n_gone) rc = remove_keys(c, gone, n_gone, NULL, &removed); /* durable, one txn */
+  free(kept.v);
+  free(gone);
+  if (rc) return rc;
+  pthread_mutex_lock(&c->st_lock);
+  c->ev_evictions += removed;
+  pthread_mutex_unlock(&c->st_lock);
+  return (int64_t)removed;
 }

@@ -28,9 +28,11 @@ typedef struct kvt_cold_config {
   uint64_t bytes_limit;        /* segment files may total at most this */
   uint64_t segment_bytes;      /* size of one segment file */
   uint64_t map_bytes;          /* LMDB map size */
+  uint64_t group_bytes;        /* records synced and indexed together, at most */
   int compress;                /* 1: zstd on byte planes where it saves >= 1/16 */
   int zstd_level;
   kvt_io_config io;
+  int evict_policy;            /* KVT_EVICT_*: order of kvt_cold_evict_for() */
 } kvt_cold_config;
 
 #define KVT_COLD_CODEC_RAW 0
@@ -73,6 +75,7 @@ typedef struct kvt_cold_stats {
   uint64_t full_refusals;          /* records not written: cold tier full */
   uint64_t evictions;              /* entries removed by reclaiming segments */
   uint64_t reclaims;               /* segments reclaimed */
+  uint64_t relocated;              /* referenced records written again by reclaims */
   char backend[32];
   char why[160];
 } kvt_cold_stats;
@@ -94,10 +97,13 @@ int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, cons
                      void *arg);
 
 /* Write a group of records durably: append to segments, fdatasync, commit
- * the index. Records whose key is already indexed are skipped. On failure
- * nothing of the group is in the index. *written (may be NULL) receives
- * how many records were indexed. Writer thread.
- * Returns 0; KVT_EFULL (the tier is full: nothing written); -errno. */
+ * the index. Records whose key is already indexed are skipped. *written
+ * (may be NULL) receives how many leading records are now in the index
+ * (written or there already). Writer thread.
+ * Returns 0 (all of them); KVT_EFULL (the tier is full) or another error:
+ * only the leading *written are. Records are written in groups of at most
+ * group_bytes, the next group written while the one before is synced and
+ * indexed by the committer thread. */
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written);
 
 /* When the tier is full, kvt_cold_write() reclaims the segment with the
@@ -106,9 +112,21 @@ int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *writ
  * from the writer thread, outside every cold-tier lock and transaction. */
 void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *arg, const kvt_key *key), void *arg);
 
-/* Is key in the index? Fills e (may be NULL). 0 or KVT_ENOTFOUND. */
+/* The eviction order (tiers/evict.h) of a writer's blocks. Before a group
+ * is written, kvt_cold_evict_for() invalidates blocks one by one in that
+ * order - never one keep() says to keep - until the live records leave
+ * room for need bytes and a segment's slack, durably (one transaction);
+ * reclaiming segments by fewest live bytes then mostly frees what the
+ * order chose. Returns how many it removed, or a negative error. After
+ * kvt_cold_write(), kvt_cold_track() adds the records it indexed to the
+ * order. Writer thread; keep() is called with no cold-tier lock held. */
+int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need);
+void kvt_cold_track(kvt_cold *c, const kvt_cold_rec *recs, size_t n);
+
+/* Is key in the index? Fills e (may be NULL); a hit is a use for the
+ * eviction order. 0 or KVT_ENOTFOUND. */
 int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e);
-/* How many of keys[0..n), from the first, are in the index. */
+/* How many of keys[0..n), from the first, are in the index (each a use). */
 size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n);
 
 /* Read one layer of a token block into k_out and v_out (bytes_each each),

@@ -26,6 +26,9 @@ static const command commands[] = {
      "           the reference decoder with kvtier against a plain cache (bench refmodel)"},
     {"warm", cmd_warm, warm_usage,
      "compute the KV of prompts with the reference model and store it durably"},
+    {"plan", cmd_plan, plan_usage,
+     "capacity planning: what fits in each tier, and the prefix-hit rate a trace gets\n"
+     "           replayed through the engine's own eviction (--sweep over cold capacities)"},
     {"eval", cmd_eval, eval_usage,
      "the reference model's loss with a policy, budget or codec against the full cache"},
     {"stat", cmd_stat, stat_usage,

@@ -1,0 +1,346 @@
+/* evict.c - eviction order of token blocks (evict.h).
+ *
+ * Every tracked block is an entry in a chained hash table keyed by its
+ * 128-bit key (uniform: its first 8 bytes are the hash). LRU keeps one
+ * doubly linked list, least recent at the head. CHAIN keeps, per entry, the
+ * number of tracked children, and binary min-heaps (by access tick) of the
+ * entries that have none - the leaves, the only candidates - in two
+ * segments: probation holds the tails as written (a leaf never used since
+ * it was added and never given a child), the main segment every other
+ * leaf. Probation goes first. Why: a request's last block is usually
+ * partial, and the next turn of the conversation extends the prefix with
+ * a different block at that position, so the written tail is almost never
+ * asked for again (in the Mooncake conversation trace, under 1% of such
+ * tails are reused against 15-28% of other blocks). A tail that is used,
+ * or extended, joins the main segment; a parent whose last child went
+ * joins it too (it was extended once), ordered by its last use.
+ *
+ * Invariant (CHAIN): an entry is in a heap iff its n_children is 0; the
+ * heap is probation iff e->tail (CHAIN_LEAF: never). A child added
+ * while its parent is not tracked does not count for the parent if the
+ * parent is added later (there is no reverse index): the parent then
+ * starts as a leaf. Blocks are written parent first, so this only happens
+ * after a parent was removed from outside the policy (a drop, a failed
+ * check, a segment reclaimed). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tiers/evict.h"
+
+typedef struct ev_ent {
+  kvt_key key, parent;
+  struct ev_ent *hnext;        /* hash chain */
+  struct ev_ent *prev, *next;  /* LRU list */
+  uint64_t bytes;
+  uint64_t tick;               /* last use */
+  uint32_t n_children;         /* tracked entries whose parent this is (CHAIN) */
+  int32_t heap_pos;            /* index in heap[!tail], -1 when not a leaf */
+  uint8_t has_parent;
+  uint8_t tail;                /* a tail as written: not used, no child since added */
+} ev_ent;
+
+typedef struct ev_heap {
+  ev_ent **v;
+  size_t n, cap;
+} ev_heap;
+
+struct kvt_evict {
+  kvt_mem *m;
+  int cat, policy;
+  ev_ent **buckets;
+  size_t n_buckets;            /* power of two */
+  uint64_t count, bytes, tick;
+  ev_ent lru;                  /* sentinel: lru.next is the least recent */
+  ev_heap heap[2];             /* leaves: [0] probation (tails), [1] main */
+};
+
+static uint64_t key_hash(const kvt_key *k) {
+  uint64_t h;
+  memcpy(&h, k->b, 8);
+  return h;
+}
+
+static int key_zero(const kvt_key *k) {
+  static const kvt_key z;
+  return memcmp(k->b, z.b, 16) == 0;
+}
+
+/* ---------- hash table ---------- */
+
+static ev_ent *find(const kvt_evict *ev, const kvt_key *k) {
+  ev_ent *e = ev->buckets[key_hash(k) & (ev->n_buckets - 1)];
+  while (e && memcmp(e->key.b, k->b, 16)) e = e->hnext;
+  return e;
+}
+
+/* Double the table at one entry a bucket; on allocation failure the chains
+ * just grow longer. */
+static void grow_table(kvt_evict *ev) {
+  size_t n = ev->n_buckets * 2;
+  ev_ent **nb = kvt_mem_calloc(ev->m, ev->cat, n * sizeof *nb);
+  if (!nb) return;
+  for (size_t i = 0; i < ev->n_buckets; i++) {
+    for (ev_ent *e = ev->buckets[i], *next; e; e = next) {
+      next = e->hnext;
+      size_t h = key_hash(&e->key) & (n - 1);
+      e->hnext = nb[h];
+      nb[h] = e;
+    }
+  }
+  kvt_mem_free(ev->m, ev->cat, ev->buckets, ev->n_buckets * sizeof *nb);
+  ev->buckets = nb;
+  ev->n_buckets = n;
+}
+
+static void unlink_hash(kvt_evict *ev, ev_ent *e) {
+  ev_ent **pp = &ev->buckets[key_hash(&e->key) & (ev->n_buckets - 1)];
+  while (*pp != e) pp = &(*pp)->hnext;
+  *pp = e->hnext;
+}
+
+/* ---------- leaf heaps (CHAIN) ---------- */
+
+static int older(const ev_ent *a, const ev_ent *b) { return a->tick < b->tick; }
+
+static void heap_set(ev_heap *h, size_t i, ev_ent *e) {
+  h->v[i] = e;
+  e->heap_pos = (int32_t)i;
+}
+
+static void sift_up(ev_heap *h, size_t i) {
+  ev_ent *e = h->v[i];
+  while (i > 0 && older(e, h->v[(i - 1) / 2])) {
+    heap_set(h, i, h->v[(i - 1) / 2]);
+    i = (i - 1) / 2;
+  }
+  heap_set(h, i, e);
+}
+
+static void sift_down(ev_heap *h, size_t i) {
+  ev_ent *e = h->v[i];
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= h->n) break;
+    if (c + 1 < h->n && older(h->v[c + 1], h->v[c])) c++;
+    if (!older(h->v[c], e)) break;
+    heap_set(h, i, h->v[c]);
+    i = c;
+  }
+  heap_set(h, i, e);
+}
+
+static int heap_push(kvt_evict *ev, ev_heap *h, ev_ent *e) {
+  if (h->n == h->cap) {
+    size_t nc = h->cap ? 2 * h->cap : 256;
+    ev_ent **nv = kvt_mem_alloc(ev->m, ev->cat, nc * sizeof *nv);
+    if (!nv) return -ENOMEM;
+    if (h->n) memcpy(nv, h->v, h->n * sizeof *nv);
+    kvt_mem_free(ev->m, ev->cat, h->v, h->cap * sizeof *nv);
+    h->v = nv;
+    h->cap = nc;
+  }
+  heap_set(h, h->n++, e);
+  sift_up(h, h->n - 1);
+  return 0;
+}
+
+static void heap_del(ev_heap *h, ev_ent *e) {
+  size_t i = (size_t)e->heap_pos;
+  e->heap_pos = -1;
+  ev_ent *last = h->v[--h->n];
+  if (i == h->n) return;
+  heap_set(h, i, last);
+  sift_up(h, i);
+  sift_down(h, (size_t)last->heap_pos);
+}
+
+static ev_heap *heap_of(kvt_evict *ev, const ev_ent *e) { return &ev->heap[!e->tail]; }
+
+/* Leaf e was used: its tick grew, and it is no tail any more. */
+static void leaf_update(kvt_evict *ev, ev_ent *e, int was_tail) {
+  if (e->heap_pos < 0) return;
+  if (was_tail != e->tail) {
+    heap_del(&ev->heap[!was_tail], e);
+    /* Out of memory here only makes e no candidate until its last child
+     * goes (the LRU fallback still sees it): never a wrong eviction. */
+    heap_push(ev, heap_of(ev, e), e);
+  } else {
+    sift_down(heap_of(ev, e), (size_t)e->heap_pos);
+  }
+}
+
+/* ---------- LRU list ---------- */
+
+static void lru_unlink(ev_ent *e) {
+  e->prev->next = e->next;
+  e->next->prev = e->prev;
+}
+
+static void lru_append(kvt_evict *ev, ev_ent *e) {
+  e->prev = ev->lru.prev;
+  e->next = &ev->lru;
+  ev->lru.prev->next = e;
+  ev->lru.prev = e;
+}
+
+/* ---------- interface ---------- */
+
+int kvt_evict_create(kvt_mem *m, int cat, int policy, kvt_evict **out) {
+  *out = NULL;
+  if (policy != KVT_EVICT_CHAIN && policy != KVT_EVICT_LRU && policy != KVT_EVICT_CHAIN_LEAF)
+    return KVT_EOPTION;
+  kvt_evict *ev = kvt_mem_calloc(m, cat, sizeof *ev);
+  if (!ev) return -ENOMEM;
+  ev->m = m;
+  ev->cat = cat;
+  ev->policy = policy;
+  ev->n_buckets = 1024;
+  ev->buckets = kvt_mem_calloc(m, cat, ev->n_buckets * sizeof *ev->buckets);
+  if (!ev->buckets) {
+    kvt_mem_free(m, cat, ev, sizeof *ev);
+    return -ENOMEM;
+  }
+  ev->lru.next = ev->lru.prev = &ev->lru;
+  *out = ev;
+  return 0;
+}
+
+void kvt_evict_free(kvt_evict *ev) {
+  if (!ev) return;
+  for (size_t i = 0; i < ev->n_buckets; i++) {
+    for (ev_ent *e = ev->buckets[i], *next; e; e = next) {
+      next = e->hnext;
+      kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
+    }
+  }
+  for (int i = 0; i < 2; i++) kvt_mem_free(ev->m, ev->cat, ev->heap[i].v, ev->heap[i].cap * sizeof(ev_ent *));
+  kvt_mem_free(ev->m, ev->cat, ev->buckets, ev->n_buckets * sizeof *ev->buckets);
+  kvt_mem_free(ev->m, ev->cat, ev, sizeof *ev);
+}
+
+static int chained(const kvt_evict *ev) { return ev->policy != KVT_EVICT_LRU; }
+
+static void use(kvt_evict *ev, ev_ent *e) {
+  e->tick = ++ev->tick;
+  lru_unlink(e);
+  lru_append(ev, e);
+  int was_tail = e->tail;
+  e->tail = 0;
+  if (chained(ev)) leaf_update(ev, e, was_tail);
+}
+
+int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes) {
+  if (kvt_evict_touch(ev, key)) return -EEXIST;
+  ev_ent *e = kvt_mem_calloc(ev->m, ev->cat, sizeof *e);
+  if (!e) return -ENOMEM;
+  e->key = *key;
+  e->has_parent = parent && !key_zero(parent);
+  if (e->has_parent) e->parent = *parent;
+  e->bytes = bytes;
+  e->tick = ++ev->tick;
+  e->heap_pos = -1;
+  e->tail = ev->policy == KVT_EVICT_CHAIN; /* CHAIN_LEAF: no probation */
+  if (chained(ev) && heap_push(ev, heap_of(ev, e), e)) {
+    kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
+    return -ENOMEM;
+  }
+  if (chained(ev) && e->has_parent) { /* the parent is no tail now */
+    ev_ent *p = find(ev, &e->parent);
+    if (p && p->n_children++ == 0 && p->heap_pos >= 0) heap_del(heap_of(ev, p), p);
+    if (p) p->tail = 0;
+  }
+  if (ev->count >= ev->n_buckets) grow_table(ev);
+  size_t h = key_hash(key) & (ev->n_buckets - 1);
+  e->hnext = ev->buckets[h];
+  ev->buckets[h] = e;
+  lru_append(ev, e);
+  ev->count++;
+  ev->bytes += bytes;
+  return 0;
+}
+
+int kvt_evict_touch(kvt_evict *ev, const kvt_key *key) {
+  ev_ent *e = find(ev, key);
+  if (!e) return 0;
+  use(ev, e);
+  return 1;
+}
+
+int kvt_evict_has(const kvt_evict *ev, const kvt_key *key) { return find(ev, key) != NULL; }
+
+int kvt_evict_remove(kvt_evict *ev, const kvt_key *key, uint64_t *bytes) {
+  ev_ent *e = find(ev, key);
+  if (!e) return KVT_ENOTFOUND;
+  if (bytes) *bytes = e->bytes;
+  unlink_hash(ev, e);
+  lru_unlink(e);
+  if (e->heap_pos >= 0) heap_del(heap_of(ev, e), e);
+  if (chained(ev) && e->has_parent) { /* the parent may become a leaf */
+    ev_ent *p = find(ev, &e->parent);
+    if (p && p->n_children > 0 && --p->n_children == 0) heap_push(ev, heap_of(ev, p), p);
+  }
+  ev->count--;
+  ev->bytes -= e->bytes;
+  kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
+  return 0;
+}
+
+static int lru_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg, ev_ent **out) {
+  for (ev_ent *e = ev->lru.next; e != &ev->lru; e = e->next) {
+    if (keep && keep(arg, &e->key)) continue;
+    *out = e;
+    return 0;
+  }
+  return KVT_ENOTFOUND;
+}
+
+/* Oldest leaf of heap h not kept. Kept ones are popped while searching
+ * and pushed back after, so they stay where they were. */
+static int heap_victim(kvt_evict *ev, ev_heap *h, int (*keep)(void *, const kvt_key *), void *arg,
+                       ev_ent **out) {
+  ev_ent *skipped[64];
+  size_t n_skip = 0;
+  int rc = KVT_ENOTFOUND;
+  while (h->n > 0) {
+    ev_ent *e = h->v[0];
+    if (!keep || !keep(arg, &e->key)) {
+      *out = e;
+      rc = 0;
+      break;
+    }
+    if (n_skip == sizeof skipped / sizeof *skipped) { /* many kept: scan the rest */
+      for (size_t i = 1; i < h->n && rc; i++)
+        if (!keep(arg, &h->v[i]->key)) {
+          *out = h->v[i];
+          rc = 0;
+        }
+      break;
+    }
+    heap_del(h, e);
+    skipped[n_skip++] = e;
+  }
+  for (size_t i = 0; i < n_skip; i++) heap_push(ev, h, skipped[i]); /* room: they were just there */
+  return rc;
+}
+
+int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg, kvt_key *out,
+                     uint64_t *bytes) {
+  ev_ent *e = NULL;
+  int rc;
+  if (!chained(ev)) {
+    rc = lru_victim(ev, keep, arg, &e);
+  } else {
+    rc = heap_victim(ev, &ev->heap[0], keep, arg, &e); /* tails as written */
+    if (rc) rc = heap_victim(ev, &ev->heap[1], keep, arg, &e);
+    /* Only non-leaves are left, all kept children: fall back to recency. */
+    if (rc) rc = lru_victim(ev, keep, arg, &e);
+  }
+  if (rc) return rc;
+  *out = e->key;
+  if (bytes) *bytes = e->bytes;
+  return 0;
+}
+
+uint64_t kvt_evict_count(const kvt_evict *ev) { return ev->count; }
+uint64_t kvt_evict_bytes(const kvt_evict *ev) { return ev->bytes; }

@@ -1,0 +1,53 @@
+/* evict.h - the order in which a tier gives up token blocks. It knows
+ * keys, parents, sizes and access ticks; nothing about files, segments or
+ * sequences. Used by the cold tier on disk (which blocks to invalidate
+ * before reclaiming segments) and by the metadata-only cold tier that
+ * `kvtier plan` replays traces through, so both run this very code.
+ *
+ * Policies:
+ *  - KVT_EVICT_CHAIN (default): a block is useless without its prefix, so
+ *    only the tails of prefix chains are candidates: a block with a stored
+ *    child is never chosen while a leaf is. Among leaves, tails as written
+ *    (never used or extended since they were added) go first - a probation
+ *    segment, as in segmented LRU, for the blocks a workload almost never
+ *    asks for again - then the least recently used.
+ *  - KVT_EVICT_LRU: plain least recently used, for comparison.
+ * Costs: O(1) add, touch and remove for LRU; O(log n) for CHAIN (a binary
+ * heap of leaves). Not thread-safe: the owner serializes calls. */
+#ifndef KVT_EVICT_H
+#define KVT_EVICT_H
+
+#include <stdint.h>
+
+#include "engine/mem.h"
+#include "kvtier.h"
+
+typedef struct kvt_evict kvt_evict;
+
+/* Create an empty order for policy (KVT_EVICT_*), its memory counted in
+ * m's category cat. 0, KVT_EOPTION, -ENOMEM. */
+int kvt_evict_create(kvt_mem *m, int cat, int policy, kvt_evict **out);
+void kvt_evict_free(kvt_evict *ev); /* accepts NULL */
+
+/* Track key, most recent, with its chain parent (NULL or all zero for a
+ * chain head) and size. 0; -EEXIST (tracked: touched instead); -ENOMEM. */
+int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes);
+/* A use of key: refreshes its recency. 1 when tracked, else 0. */
+int kvt_evict_touch(kvt_evict *ev, const kvt_key *key);
+/* Is key tracked? No side effect. */
+int kvt_evict_has(const kvt_evict *ev, const kvt_key *key);
+/* Stop tracking key; *bytes (may be NULL) receives its size.
+ * 0 or KVT_ENOTFOUND. */
+int kvt_evict_remove(kvt_evict *ev, const kvt_key *key, uint64_t *bytes);
+
+/* The next block to give up, not removed: the first in policy order for
+ * which keep(arg, key) returns 0 (keep may be NULL). Blocks kept stay
+ * where they are. 0 with *out and *bytes set; KVT_ENOTFOUND when every
+ * tracked block is kept (or none is tracked). */
+int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *arg, const kvt_key *key), void *arg,
+                     kvt_key *out, uint64_t *bytes);
+
+uint64_t kvt_evict_count(const kvt_evict *ev);
+uint64_t kvt_evict_bytes(const kvt_evict *ev);
+
+#endif
