@@ -16,6 +16,7 @@
 
 #include "engine/key.h"
 #include "engine/mem.h"
+#include "engine/policy.h"
 #include "kvtier.h"
 #include "tiers/cold.h"
 #include "tiers/cold_meta.h"
@@ -60,8 +61,11 @@ struct kvt_seq {
   kvt_seq *prev, *next;       /* engine's list of open sequences */
   uint32_t n_blocks, cap;
   kvt_tblk **tb;              /* [cap] */
-  kvt_lblk **lb;              /* [cap * n_layers], block-major: lb[b * L + l] */
+  kvt_lblk **lb;              /* [cap * n_layers], block-major: lb[b * L + l]; NULL
+                                 when not put, or evicted from that layer by the policy */
   int output;                 /* appends are output, not prompt (kvt_seq_output) */
+  kvt_bstate *bs;             /* [cap * n_layers]: policy state, indexed as lb */
+  kvt_policy pol;             /* retention policy (policy.c) */
 };
 
 struct kvt_load {
@@ -173,6 +177,10 @@ void kvt_seq_free_locked(kvt_seq *s);
 size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *idx);
 void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n);
 void kvt_load_free_locked(kvt_load *ld);
+
+/* policy.c: evict the retained blocks of (s, layer) beyond the policy's
+ * budget, lowest scored first. With the lock held. */
+void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);

@@ -8,8 +8,11 @@
 
 #include "engine/internal.h"
 
+/* One allocation: tb [cap], lb [cap * L], bs [cap * L] (pointers first,
+ * so bs is 8-byte aligned). */
 static size_t seq_arrays_size(uint32_t cap, uint32_t L) {
-  return (size_t)cap * sizeof(kvt_tblk *) + (size_t)cap * L * sizeof(kvt_lblk *);
+  return (size_t)cap * sizeof(kvt_tblk *) + (size_t)cap * L * sizeof(kvt_lblk *) +
+         (size_t)cap * L * sizeof(kvt_bstate);
 }
 
 /* Allocate a sequence able to hold cap blocks; not yet linked. */
@@ -18,6 +21,7 @@ static kvt_seq *seq_alloc(kvt_engine *e, kvt_nsrec *ns, uint32_t cap) {
   if (!s) return NULL;
   s->e = e;
   s->ns = ns;
+  kvt_policy_init(&s->pol);
   if (cap) {
     uint32_t L = ns->desc.shape.n_layers;
     void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L));
@@ -27,6 +31,7 @@ static kvt_seq *seq_alloc(kvt_engine *e, kvt_nsrec *ns, uint32_t cap) {
     }
     s->tb = p;
     s->lb = (kvt_lblk **)(s->tb + cap);
+    s->bs = (kvt_bstate *)(s->lb + (size_t)cap * L);
     s->cap = cap;
   }
   return s;
@@ -89,10 +94,12 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
       for (uint32_t l = 0; l < L; l++) {
         kvt_lblk *lb = parent->lb[(size_t)b * L + l];
         s->lb[(size_t)b * L + l] = lb;
+        s->bs[(size_t)b * L + l] = parent->bs[(size_t)b * L + l];
         if (lb) kvt_lblk_ref(e, lb);
       }
     }
     s->n_blocks = n_blocks;
+    s->pol = parent->pol;
     s->output = parent->output;
     seq_link(e, s);
     *out = s;
@@ -145,13 +152,16 @@ static int seq_reserve(kvt_seq *s) {
   if (!p) return -ENOMEM;
   kvt_tblk **tb = p;
   kvt_lblk **lb = (kvt_lblk **)(tb + cap);
+  kvt_bstate *bs = (kvt_bstate *)(lb + (size_t)cap * L);
   if (s->n_blocks) {
     memcpy(tb, s->tb, s->n_blocks * sizeof *tb);
     memcpy(lb, s->lb, (size_t)s->n_blocks * L * sizeof *lb);
+    memcpy(bs, s->bs, (size_t)s->n_blocks * L * sizeof *bs);
   }
   if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, L));
   s->tb = tb;
   s->lb = lb;
+  s->bs = bs;
   s->cap = cap;
   return 0;
 }
@@ -222,6 +232,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   }
   e->st.dedup_hits += present;
   s->n_blocks = b + 1;
+  for (uint32_t l = 0; present && l < L; l++) kvt_policy_apply_locked(s, l); /* adopted layers */
   int durable = tb->cold;
   kvt_cold_consider(e, tb); /* seen once more: admission may say yes now */
   pthread_mutex_unlock(&e->lock);
@@ -342,8 +353,7 @@ static kvt_lblk *new_warm(kvt_seq *s, uint32_t layer, const kvt_kv *kv) {
   return b;
 }
 
-int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
-  if (!s) return KVT_ENULL;
+static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   int rc = kv_check(s, block, layer, kv);
   if (rc) return rc;
   kvt_engine *e = s->e;
@@ -395,6 +405,17 @@ int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   return rc;
 }
 
+/* A put may take the layer over the policy's budget: apply it. */
+int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
+  if (!s) return KVT_ENULL;
+  int rc = seq_put(s, block, layer, kv);
+  if (rc || s->pol.scorer == KVT_SCORER_FULL) return rc;
+  pthread_mutex_lock(&s->e->lock);
+  kvt_policy_apply_locked(s, layer);
+  pthread_mutex_unlock(&s->e->lock);
+  return 0;
+}
+
 /* ---------- reads ---------- */
 
 static void count_read(kvt_engine *e, const kvt_lblk *b) {
@@ -444,9 +465,9 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
   return rc;
 }
 
-/* Retained blocks of (s, layer): until the policy layer exists, every
- * block the sequence references in that layer that is in RAM (hot or
- * warm). With the lock held: pins them and lists them in blk (room for
+/* Retained blocks of (s, layer): every block the sequence references in
+ * that layer that is in RAM (hot or warm); what the policy evicted is no
+ * longer referenced (policy.c). With the lock held: pins them and lists them in blk (room for
  * s->n_blocks) when blk is not NULL; returns how many. */
 size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *idx) {
   uint32_t L = s->ns->desc.shape.n_layers;

@@ -20,8 +20,9 @@
  *    never dropped while referenced.
  *  - pin: held by the library itself while it copies a payload outside its
  *    lock; a pinned block cannot change tier or be freed.
- *  - retained: the blocks of (sequence, layer) that attention runs over.
- *    Until the policy layer exists every referenced block is retained.
+ *  - retained: the blocks of (sequence, layer) that attention runs over:
+ *    every referenced block in RAM, less what the sequence's policy
+ *    evicted from that layer (see the policy group).
  *
  * Threads: one engine may be used from several threads at once. A single
  * sequence must not be used from two threads at the same time (as with an
@@ -615,6 +616,85 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
  *   KVT_ECORRUPT (a warm payload failed its check); -ENOMEM. */
 int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                    float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks);
+
+/** @} */
+
+/** @defgroup policy Retention policy and observation
+ * The start of the policy layer (DESIGN.md section 4; docs/policy.md).
+ * A sequence has a policy: a scorer and a budget, the share of its blocks
+ * that each layer keeps retained (attended). After every put of a layer
+ * and every kvt_seq_observe() of it, the policy scores the retained blocks
+ * of that layer and, when more are retained than the budget allows, the
+ * lowest scored leave: the sequence drops its reference to that layer
+ * block (so the tiers may evict it; a cold copy, when there is one, stays)
+ * and attention, gathers and kvt_seq_retained() no longer see it. Other
+ * sequences that reference the same block keep it. Eviction is per
+ * (sequence, layer): each layer keeps its own set. There is no promotion
+ * back yet. The default policy, KVT_SCORER_FULL, retains everything.
+ * @{ */
+
+/** Scorers: what decides which blocks a layer keeps. */
+typedef enum kvt_scorer_id {
+  KVT_SCORER_FULL = 0,        /**< "full": keep every block (no budget) */
+  KVT_SCORER_RECENT = 1,      /**< "recent": the most recent blocks */
+  KVT_SCORER_SINK_RECENT = 2, /**< "sink-recent": the first sink_blocks (attention
+                                   sinks, StreamingLLM), then the most recent */
+  KVT_SCORER_H2O = 3,         /**< "h2o": the most accumulated observed mass (H2O);
+                                   the newest block and blocks never observed are kept */
+} kvt_scorer_id;
+#define KVT_N_SCORERS 4
+
+/** A sequence's retention policy. Fill with kvt_policy_init() first. */
+typedef struct kvt_policy {
+  uint32_t scorer;       /**< a kvt_scorer_id */
+  uint32_t sink_blocks;  /**< sink-recent: leading blocks always kept (1) */
+  double hot_share;      /**< (0, 1]: each layer keeps ceil(hot_share * blocks in the
+                              sequence) blocks, at least one (1.0) */
+} kvt_policy;
+
+/** Defaults: KVT_SCORER_FULL, one sink block, hot_share 1. */
+void kvt_policy_init(kvt_policy *p);
+
+/** The scorer named name ("full", "recent", "sink-recent", "h2o").
+ * @return 0; KVT_ENULL; KVT_EOPTION (unknown name). */
+int kvt_policy_parse(const char *name, uint32_t *scorer);
+
+/** The name of a scorer, or NULL for an unknown id. */
+const char *kvt_policy_name(uint32_t scorer);
+
+/** Set the policy of s and apply it at once to every layer (blocks over
+ * the budget leave; none come back). A fork inherits its parent's policy.
+ * @return 0; KVT_ENULL; KVT_EOPTION (unknown scorer, hot_share outside
+ *   (0, 1] or not finite). */
+int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p);
+
+/** Report the attention mass each retained block of (s, layer) received
+ * at one decoding step: block_mass[i] is for the i-th retained block in
+ * block order, exactly the list kvt_seq_attend() attended and
+ * kvt_seq_retained() returns (for one query, summed over the query heads
+ * that share a KV head, then over KV heads, as kvt_seq_attend() fills its
+ * block_mass). The engine keeps, per (sequence, layer, block), the last
+ * mass, the accumulated mass and how many steps observed it; the policy
+ * is then applied to the layer. The array is read, not kept.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_ECOUNT (n_blocks is not
+ *   the number of retained blocks); KVT_EOPTION (a mass negative or not
+ *   finite; nothing recorded). */
+int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t n_blocks);
+
+/** List the retained blocks of (s, layer) in block order: index, token
+ * position and tier (exact: 1 when hot), without copying any payload.
+ * @param blocks may be NULL when max_blocks is 0 (a count query).
+ * @param n_blocks receives the number of retained blocks.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_EBUFSIZE (max_blocks
+ *   too small: *n_blocks says how many, nothing else is written). */
+int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t max_blocks,
+                     size_t *n_blocks);
+
+/** The policy state of block `block` of (s, layer): the accumulated and
+ * last observed mass and the number of observations (0 for a block never
+ * observed or no longer retained). @return 0; KVT_ENULL; KVT_ENOTFOUND. */
+int kvt_seq_block_mass(kvt_seq *s, uint32_t block, uint32_t layer, double *mass_sum,
+                       float *mass_last, uint32_t *observed);
 
 /** @} */
 

@@ -840,7 +840,8 @@ void bench_usage(FILE *f)
   share_opts(&sc, so);
   hot_opts(&hc, ho);
   fprintf(f, "usage: kvtier bench share [options]\n       kvtier bench hot [options]\n"
-             "       kvtier bench codec [options]\n       kvtier bench cold [options]\n\n"
+             "       kvtier bench codec [options]\n       kvtier bench cold [options]\n"
+             "       kvtier bench refmodel --model M [options]\n\n"
              "All use the Llama-3-8B KV shape: %u layers, %u KV heads, head_dim %u, f16,\n"
              "%u tokens per block.\n\n"
              "bench share: N agents with the same context. Reports what the engine holds\n"
@@ -856,12 +857,13 @@ void bench_usage(FILE *f)
   cli_print_opts(f, ho, HOT_N_OPTS);
   bench_codec_usage(f);
   bench_cold_usage(f);
+  bench_refmodel_usage(f);
 }
 
 int cmd_bench(int argc, char **argv)
 {
   if (argc < 2) {
-    fprintf(stderr, "kvtier bench: which benchmark? 'share', 'hot', 'codec' or 'cold' (kvtier "
+    fprintf(stderr, "kvtier bench: which benchmark? 'share', 'hot', 'codec', 'cold' or 'refmodel' (kvtier "
             "help bench)\n");
     return CLI_USAGE;
   }
@@ -873,7 +875,8 @@ int cmd_bench(int argc, char **argv)
   if (strcmp(argv[1], "hot") == 0) return bench_hot(argc - 2, argv + 2);
   if (strcmp(argv[1], "codec") == 0) return bench_codec(argc - 2, argv + 2);
   if (strcmp(argv[1], "cold") == 0) return bench_cold(argc - 2, argv + 2);
-  fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share', 'hot', 'codec' and "
-          "'cold'\n", argv[1]);
+  if (strcmp(argv[1], "refmodel") == 0) return bench_refmodel(argc - 2, argv + 2);
+  fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share', 'hot', 'codec', "
+          "'cold' and 'refmodel'\n", argv[1]);
   return CLI_USAGE;
 }

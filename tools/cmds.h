@@ -14,6 +14,12 @@ int bench_codec(int argc, char **argv); /* bench_codec.c: `kvtier bench codec` *
 void bench_codec_usage(FILE *f);      /* its part of bench_usage() */
 int bench_cold(int argc, char **argv); /* bench_cold.c: `kvtier bench cold` */
 void bench_cold_usage(FILE *f);       /* its part of bench_usage() */
+int bench_refmodel(int argc, char **argv); /* bench_refmodel.c: `kvtier bench refmodel` */
+void bench_refmodel_usage(FILE *f);   /* its part of bench_usage() */
+int cmd_warm(int argc, char **argv);  /* warm.c */
+void warm_usage(FILE *f);
+int cmd_eval(int argc, char **argv);  /* eval.c */
+void eval_usage(FILE *f);
 int cmd_plan(int argc, char **argv);  /* plan.c */
 void plan_usage(FILE *f);
 int cmd_stat(int argc, char **argv);  /* stat.c */

@@ -22,10 +22,15 @@ static const command commands[] = {
      "run agents that share a system prompt through the engine; show what it stored"},
     {"bench", cmd_bench, bench_usage,
      "measure sharing (bench share), hot-tier speed (bench hot), the warm codecs' speed\n"
-     "           and error (bench codec), the cold tier against the raw disk (bench cold)"},
+     "           and error (bench codec), the cold tier against the raw disk (bench cold),\n"
+     "           the reference decoder with kvtier against a plain cache (bench refmodel)"},
+    {"warm", cmd_warm, warm_usage,
+     "compute the KV of prompts with the reference model and store it durably"},
     {"plan", cmd_plan, plan_usage,
      "capacity planning: what fits in each tier, and the prefix-hit rate a trace gets\n"
      "           replayed through the engine's own eviction (--sweep over cold capacities)"},
+    {"eval", cmd_eval, eval_usage,
+     "the reference model's loss with a policy, budget or codec against the full cache"},
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,

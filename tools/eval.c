@@ -1,0 +1,450 @@
+/* eval.c - `kvtier eval`: the reference model's loss when its KV cache
+ * keeps only part of the context (a policy and a budget) or quantizes it
+ * (a codec), against the full cache, on sampled or given token sequences.
+ * Optionally writes every observation to a trace (docs/trace-format.md). */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "refcli.h"
+#include "sample.h"
+#include "trace.h"
+#include "util.h"
+
+/* Target positions before this are not scored: the context is too short
+ * there for a budget to mean anything. */
+#define EVAL_FIRST_TARGET 64u
+
+typedef struct eval_cfg {
+  const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s;
+  uint64_t sequences, len, seed;
+  int show, json;
+  double budget;
+} eval_cfg;
+
+/* Per-layer attention concentration, summed over observed steps. */
+typedef struct layer_acc {
+  double top10, first;
+  uint64_t steps;
+} layer_acc;
+
+typedef struct eval_run {
+  eval_cfg cfg;
+  rm_model m;
+  ref_codec codec;
+  kvt_policy pol;
+  uint32_t **seqs, *lens;
+  size_t n_seqs;
+  kvt_engine *e;
+  kvt_ns_id ns;
+  double *nll, *nll_full, *kl, *top1; /* per-sequence means, [n_scored] of [n_seqs] */
+  size_t n_scored;                    /* sequences longer than EVAL_FIRST_TARGET */
+  uint64_t positions;
+  layer_acc *layers;                  /* [n_layers] */
+  trace_w *tw;
+  uint32_t cur_seq;
+  kvt_gathered *ret;                  /* scratch for kvt_seq_retained */
+  float *sorted;
+  int cb_rc;
+  kvt_stats st;                       /* the engine's, after the last sequence */
+} eval_run;
+
+#define EVAL_N_OPTS 12
+
+static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
+  const cli_opt opts[EVAL_N_OPTS] = {
+      {"--model", "M", CLI_STR, &c->model, 0, 0, "llama2.c checkpoint (required)"},
+      {"--tokenizer", "T", CLI_STR, &c->tokenizer, 0, 0,
+       "llama2.c tokenizer for --show (default tok<vocab>.bin beside the model)"},
+      {"--sequences", "N", CLI_U64, &c->sequences, 1, 100000, "sequences to sample (default 8)"},
+      {"--len", "L", CLI_U64, &c->len, EVAL_FIRST_TARGET + 1, 1u << 20,
+       "tokens per sequence, up to the model's context (default: the context)"},
+      {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "sampling seed (default 1)"},
+      {"--budget", "F", CLI_STR, &c->budget_s, 0, 0,
+       "fraction of the context's blocks each layer keeps, (0, 1] (default 1)"},
+      {"--policy", "P", CLI_STR, &c->policy, 0, 0, "full, recent, sink-recent or h2o (default full)"},
+      {"--codec", "C", CLI_STR, &c->codec, 0, 0,
+       "quantize every block: k8v3 (both, warm, in place), k8 (keys), v3 (values), ..."},
+      {"--input", "FILE", CLI_STR, &c->input, 0, 0,
+       "evaluate these token ids (one sequence a line) instead of sampling"},
+      {"--dump-trace", "FILE", CLI_STR, &c->trace, 0, 0,
+       "write every step's per-layer block masses (docs/trace-format.md)"},
+      {"--show", NULL, CLI_FLAG, &c->show, 0, 0, "print the text of the first sequence"},
+      {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+  };
+  memcpy(o, opts, sizeof opts);
+}
+
+void eval_usage(FILE *f) {
+  eval_cfg c;
+  cli_opt o[EVAL_N_OPTS];
+  eval_opts(&c, o);
+  fprintf(f,
+          "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
+          "                   [--policy P] [--codec C] [--input FILE] [--dump-trace FILE]\n"
+          "                   [--show] [--json]\n\n"
+          "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
+          "Samples N sequences of L tokens from the model with a full cache (temperature\n"
+          "1, seeded; a story that ends is followed by a new one), or reads them with\n"
+          "--input, then teacher-forces each through the model keeping a budget of the\n"
+          "context under a policy and/or quantizing it with a codec. Reports, over target\n"
+          "positions >= %u: nll, its change against the full cache (delta_nll), the mean\n"
+          "KL(full || compressed) of next-token distributions (kl), top-1 agreement with\n"
+          "the full cache (top1), each with its standard error over sequences; and per\n"
+          "layer the share of attention mass on the top 10%% of retained blocks and on\n"
+          "the first block. See docs/policy.md.\n\noptions:\n",
+          EVAL_FIRST_TARGET);
+  cli_print_opts(f, o, EVAL_N_OPTS);
+}
+
+static int usage_error(const char *msg, const char *arg) {
+  fprintf(stderr, "kvtier eval: %s%s%s\nrun 'kvtier help eval' for its options\n", msg,
+          arg ? ": " : "", arg ? arg : "");
+  return CLI_USAGE;
+}
+
+/* Options that need more than cli_parse's checks. */
+static int eval_check(eval_run *r) {
+  eval_cfg *c = &r->cfg;
+  if (!c->model) return usage_error("--model is required", NULL);
+  char *end = NULL;
+  c->budget = c->budget_s ? strtod(c->budget_s, &end) : 1.0;
+  if (c->budget_s && (*end || !(c->budget > 0 && c->budget <= 1)))
+    return usage_error("--budget must be a fraction in (0, 1]", c->budget_s);
+  kvt_policy_init(&r->pol);
+  if (c->policy && kvt_policy_parse(c->policy, &r->pol.scorer))
+    return usage_error("unknown --policy (full, recent, sink-recent, h2o)", c->policy);
+  r->pol.hot_share = c->budget;
+  if (r->pol.scorer == KVT_SCORER_FULL && c->budget < 1)
+    return usage_error("--budget below 1 needs a --policy other than full", c->budget_s);
+  if (c->codec && ref_codec_parse(c->codec, &r->codec))
+    return usage_error("unknown --codec (k8v3, k8cv3, k4v2, ..., or one side: k8, v3, ...)",
+                       c->codec);
+  if (c->input && (c->sequences || c->len))
+    return usage_error("--input gives the sequences: no --sequences or --len with it", NULL);
+  return CLI_OK;
+}
+
+/* ---- sequences ---------------------------------------------------------------- */
+
+static int eval_sequences(eval_run *r) {
+  eval_cfg *c = &r->cfg;
+  uint32_t ctx = (uint32_t)r->m.c.seq_len;
+  if (c->input)
+    return ref_read_tokens("eval", c->input, (uint32_t)r->m.c.vocab_size, ctx, &r->seqs, &r->lens,
+                           &r->n_seqs);
+  uint64_t len = c->len ? c->len : ctx, n = c->sequences ? c->sequences : 8;
+  if (len > ctx) {
+    fprintf(stderr, "kvtier eval: --len %" PRIu64 " is beyond the model's context (%u)\n", len,
+            ctx);
+    return CLI_USAGE;
+  }
+  r->seqs = calloc(n, sizeof *r->seqs);
+  r->lens = calloc(n, sizeof *r->lens);
+  if (!r->seqs || !r->lens) return cli_lib_error("eval", "allocating sequences", -ENOMEM);
+  r->n_seqs = n;
+  for (size_t i = 0; i < n; i++) {
+    progress("eval: sampling sequence %zu of %zu", i + 1, (size_t)n);
+    if (!(r->seqs[i] = malloc(len * sizeof **r->seqs)))
+      return cli_lib_error("eval", "allocating sequences", -ENOMEM);
+    r->lens[i] = (uint32_t)len;
+    int rc = rm_sample(&r->m, mix64(c->seed + i), (uint32_t)len, r->seqs[i]);
+    if (rc) return cli_lib_error("eval", "sampling", rc);
+  }
+  return CLI_OK;
+}
+
+/* ---- the engine ---------------------------------------------------------------- */
+
+static int eval_open(eval_run *r, const char *dir) {
+  kvt_options o;
+  kvt_options_init(&o);
+  o.tier_bytes_limit[KVT_TIER_HOT] = 256u << 20;
+  if (r->codec.warm) {
+    /* Below one block: every put is encoded straight into warm. */
+    o.tier_bytes_limit[KVT_TIER_HOT] = 1;
+    o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
+  }
+  int rc = kvt_engine_open(dir, &o, &r->e);
+  if (!rc) rc = rm_ns_register(r->e, &r->m, REF_BLOCK_TOKENS, &r->ns);
+  if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
+  return rc ? cli_lib_error("eval", "opening the engine", rc) : CLI_OK;
+}
+
+/* ---- observation: concentration and the trace ---------------------------------- */
+
+static int cmp_desc(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return (x < y) - (x > y);
+}
+
+static void on_mass(void *arg, uint32_t layer, uint32_t pos, kvt_seq *s, const float *mass,
+                    size_t n) {
+  eval_run *r = arg;
+  if (n == 0 || r->cb_rc) return;
+  size_t got;
+  int rc = kvt_seq_retained(s, layer, r->ret, (size_t)r->m.c.seq_len, &got);
+  if (rc || got != n) {
+    r->cb_rc = rc ? rc : KVT_ECOUNT;
+    return;
+  }
+  if (r->tw && (rc = trace_step(r->tw, r->cur_seq, pos, layer, r->ret, mass, n))) {
+    r->cb_rc = rc;
+    return;
+  }
+  if (pos + 1 < EVAL_FIRST_TARGET) return;
+  double total = 0, top = 0;
+  memcpy(r->sorted, mass, n * sizeof *mass);
+  qsort(r->sorted, n, sizeof *r->sorted, cmp_desc);
+  size_t k = (n + 9) / 10; /* the top 10%, at least one block */
+  for (size_t i = 0; i < n; i++) total += r->sorted[i];
+  for (size_t i = 0; i < k; i++) top += r->sorted[i];
+  if (total <= 0) return;
+  layer_acc *a = &r->layers[layer];
+  a->top10 += top / total;
+  a->first += r->ret[0].block == 0 ? mass[0] / total : 0;
+  a->steps++;
+}
+
+/* ---- scoring ---------------------------------------------------------------------- */
+
+/* Teacher-force sequence i through the full cache (plain) and through
+ * kvtier with the policy and codec; accumulate the per-sequence means. */
+static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
+  const uint32_t *tok = r->seqs[i], len = r->lens[i];
+  size_t V = (size_t)r->m.c.vocab_size;
+  rm_dec full, d;
+  int rc = rm_dec_init(&full, &r->m, NULL, 0);
+  if (rc) return rc;
+  if ((rc = rm_dec_init(&d, &r->m, r->e, r->ns))) {
+    rm_dec_free(&full);
+    return rc;
+  }
+  d.rt_codec[0] = r->codec.warm ? 0 : r->codec.k;
+  d.rt_codec[1] = r->codec.warm ? 0 : r->codec.v;
+  d.on_mass = on_mass;
+  d.on_mass_arg = r;
+  r->cur_seq = (uint32_t)i;
+  rc = kvt_seq_set_policy(d.s, &r->pol);
+  double nll = 0, nll_f = 0, kl = 0, agree = 0;
+  uint64_t n = 0;
+  for (uint32_t p = 0; !rc && p + 1 < len; p++) {
+    const float *lf, *lc;
+    if ((rc = rm_dec_step(&full, tok[p], &lf)) || (rc = rm_dec_step(&d, tok[p], &lc)) ||
+        (rc = r->cb_rc))
+      break;
+    if (p + 1 < EVAL_FIRST_TARGET) continue;
+    rm_log_softmax(lf, V, lp_full);
+    rm_log_softmax(lc, V, lp);
+    nll -= lp[tok[p + 1]];
+    nll_f -= lp_full[tok[p + 1]];
+    for (size_t t = 0; t < V; t++) kl += exp(lp_full[t]) * (lp_full[t] - lp[t]);
+    agree += rm_argmax(lf, V) == rm_argmax(lc, V);
+    n++;
+  }
+  rm_dec_free(&full);
+  rm_dec_free(&d);
+  if (rc) return rc;
+  if (n == 0) return 0; /* too short to score: not in the means */
+  size_t k = r->n_scored++;
+  r->nll[k] = nll / (double)n;
+  r->nll_full[k] = nll_f / (double)n;
+  r->kl[k] = kl / (double)n;
+  r->top1[k] = agree / (double)n;
+  r->positions += n;
+  return 0;
+}
+
+/* Mean and standard error of the mean over sequences. */
+static void mean_se(const double *v, size_t n, double *mean, double *se) {
+  double s = 0, ss = 0;
+  for (size_t i = 0; i < n; i++) s += v[i];
+  *mean = s / (double)n;
+  for (size_t i = 0; i < n; i++) ss += (v[i] - *mean) * (v[i] - *mean);
+  *se = n > 1 ? sqrt(ss / (double)(n - 1) / (double)n) : 0;
+}
+
+/* ---- output ------------------------------------------------------------------------- */
+
+/* The text of the first sequence; BOS, which starts each story, as a
+ * blank line between stories. */
+static void eval_show(eval_run *r, const rm_tokenizer *t) {
+  printf("sequence 1 (%u tokens):\n\n", r->lens[0]);
+  for (uint32_t p = 0; p < r->lens[0]; p++) {
+    uint32_t tok = r->seqs[0][p];
+    if (tok == RM_BOS) fputs(p ? "\n\n" : "", stdout);
+    else fputs(rm_tok_piece(t, p ? r->seqs[0][p - 1] : RM_BOS, tok), stdout);
+  }
+  printf("\n\n");
+}
+
+static void eval_print(eval_run *r) {
+  double m[4] = {NAN, NAN, NAN, NAN}, se[4] = {NAN, NAN, NAN, NAN}, *delta = malloc(r->n_seqs * sizeof *delta);
+  size_t ns = r->n_scored;
+  for (size_t i = 0; delta && i < ns; i++) delta[i] = r->nll[i] - r->nll_full[i];
+  mean_se(r->nll, ns, &m[0], &se[0]);
+  if (delta) mean_se(delta, ns, &m[1], &se[1]);
+  mean_se(r->kl, ns, &m[2], &se[2]);
+  mean_se(r->top1, ns, &m[3], &se[3]);
+  free(delta);
+  const char *policy = kvt_policy_name(r->pol.scorer), *codec = r->cfg.codec ? r->cfg.codec : "none";
+  uint32_t L = (uint32_t)r->m.c.n_layers;
+  if (r->cfg.json) {
+    json_w j;
+    char key[16];
+    json_begin(&j, stdout);
+    json_str(&j, "model", r->m.name);
+    json_u64(&j, "sequences", r->n_seqs);
+    json_u64(&j, "sequences_scored", r->n_scored);
+    json_u64(&j, "positions", r->positions);
+    json_u64(&j, "first_target", EVAL_FIRST_TARGET);
+    json_str(&j, "policy", policy);
+    json_f64(&j, "budget", r->cfg.budget);
+    json_str(&j, "codec", codec);
+    json_f64(&j, "nll", m[0]);
+    json_f64(&j, "nll_se", se[0]);
+    json_f64(&j, "delta_nll", m[1]);
+    json_f64(&j, "delta_nll_se", se[1]);
+    json_f64(&j, "kl", m[2]);
+    json_f64(&j, "kl_se", se[2]);
+    json_f64(&j, "top1", m[3]);
+    json_f64(&j, "top1_se", se[3]);
+    json_u64(&j, "hot_layer_blocks", r->st.tier_blocks[KVT_TIER_HOT]);
+    json_u64(&j, "warm_layer_blocks", r->st.tier_blocks[KVT_TIER_WARM]);
+    json_obj(&j, "layers");
+    for (uint32_t l = 0; l < L; l++) {
+      const layer_acc *a = &r->layers[l];
+      snprintf(key, sizeof key, "%u", l);
+      json_obj(&j, key);
+      json_f64(&j, "top10_mass_share", a->steps ? a->top10 / (double)a->steps : NAN);
+      json_f64(&j, "first_block_mass_share", a->steps ? a->first / (double)a->steps : NAN);
+      json_end(&j);
+    }
+    json_end(&j);
+    json_end(&j);
+    return;
+  }
+  printf("model %s, %zu sequences (%zu long enough to score), %" PRIu64
+         " target positions (>= %u)\n", r->m.name, r->n_seqs, r->n_scored, r->positions,
+         EVAL_FIRST_TARGET);
+  printf("policy %s, budget %.3g, codec %s\n\n", policy, r->cfg.budget, codec);
+  printf("  nll        %8.4f  +- %.4f nats\n", m[0], se[0]);
+  printf("  delta_nll  %8.4f  +- %.4f  (against the full cache)\n", m[1], se[1]);
+  printf("  kl         %8.4f  +- %.4f  KL(full || this)\n", m[2], se[2]);
+  printf("  top1       %8.4f  +- %.4f  agreement with the full cache\n", m[3], se[3]);
+  printf("  engine     %" PRIu64 " layer blocks hot, %" PRIu64 " warm at the end\n\n",
+         r->st.tier_blocks[KVT_TIER_HOT], r->st.tier_blocks[KVT_TIER_WARM]);
+  printf("  layer  mass on top 10%% of blocks  mass on first block\n");
+  for (uint32_t l = 0; l < L; l++) {
+    const layer_acc *a = &r->layers[l];
+    double st = a->steps ? (double)a->steps : NAN;
+    printf("  %5u  %26.3f  %19.3f\n", l, a->top10 / st, a->first / st);
+  }
+}
+
+/* ---- main ------------------------------------------------------------------------------ */
+
+static void eval_free(eval_run *r) {
+  kvt_engine_close(r->e);
+  ref_free_tokens(r->seqs, r->lens, r->n_seqs);
+  free(r->nll);
+  free(r->nll_full);
+  free(r->kl);
+  free(r->top1);
+  free(r->layers);
+  free(r->ret);
+  free(r->sorted);
+  rm_model_free(&r->m);
+}
+
+static int eval_main(eval_run *r, const char *dir) {
+  int rc = eval_sequences(r);
+  if (rc != CLI_OK) return rc;
+  if (r->cfg.show) {
+    rm_tokenizer t;
+    if ((rc = ref_load_tokenizer("eval", r->cfg.tokenizer, r->cfg.model, &r->m, &t)) != CLI_OK)
+      return rc;
+    eval_show(r, &t);
+    rm_tok_free(&t);
+  }
+  if ((rc = eval_open(r, dir)) != CLI_OK) return rc;
+  size_t n = r->n_seqs, V = (size_t)r->m.c.vocab_size, S = (size_t)r->m.c.seq_len;
+  r->nll = calloc(n, sizeof(double));
+  r->nll_full = calloc(n, sizeof(double));
+  r->kl = calloc(n, sizeof(double));
+  r->top1 = calloc(n, sizeof(double));
+  r->layers = calloc((size_t)r->m.c.n_layers, sizeof *r->layers);
+  r->ret = calloc(S, sizeof *r->ret);
+  r->sorted = calloc(S, sizeof *r->sorted);
+  double *lp = malloc(2 * V * sizeof *lp);
+  if (!r->nll || !r->nll_full || !r->kl || !r->top1 || !r->layers || !r->ret || !r->sorted || !lp) {
+    free(lp);
+    return cli_lib_error("eval", "allocating", -ENOMEM);
+  }
+  if (r->cfg.trace) {
+    trace_hdr h = {.n_layers = (uint32_t)r->m.c.n_layers, .n_q_heads = (uint32_t)r->m.c.n_heads,
+                   .n_kv_heads = (uint32_t)r->m.c.n_kv_heads, .head_dim = r->m.head_dim,
+                   .block_tokens = REF_BLOCK_TOKENS, .seq_len = (uint32_t)r->m.c.seq_len,
+                   .scorer = r->pol.scorer, .hot_share = r->pol.hot_share};
+    snprintf(h.model, sizeof h.model, "%s", r->m.name);
+    if ((rc = trace_open(r->cfg.trace, &h, &r->tw))) {
+      free(lp);
+      fprintf(stderr, "kvtier eval: %s: %s\n", r->cfg.trace, strerror(-rc));
+      return CLI_FAIL;
+    }
+  }
+  for (size_t i = 0; i < n && rc == CLI_OK; i++) {
+    progress("eval: sequence %zu of %zu", i + 1, n);
+    int e = eval_one(r, i, lp, lp + V);
+    if (e) rc = cli_lib_error("eval", "decoding", e);
+  }
+  progress_end();
+  free(lp);
+  kvt_stats_get(r->e, &r->st);
+  if (r->tw) {
+    int e = trace_close(r->tw);
+    r->tw = NULL;
+    if (e && rc == CLI_OK) {
+      fprintf(stderr, "kvtier eval: writing %s: %s\n", r->cfg.trace, strerror(-e));
+      rc = CLI_FAIL;
+    }
+  }
+  if (rc == CLI_OK && r->positions == 0) {
+    fprintf(stderr, "kvtier eval: no sequence is longer than %u tokens: nothing to score\n",
+            EVAL_FIRST_TARGET);
+    rc = CLI_FAIL;
+  }
+  if (rc == CLI_OK) eval_print(r);
+  return rc;
+}
+
+int cmd_eval(int argc, char **argv) {
+  eval_run *r = calloc(1, sizeof *r);
+  if (!r) return cli_lib_error("eval", "allocating", -ENOMEM);
+  cli_opt o[EVAL_N_OPTS];
+  eval_opts(&r->cfg, o);
+  r->cfg.seed = 1;
+  int want_help = 0;
+  int rc = cli_parse("eval", argc - 1, argv + 1, o, EVAL_N_OPTS, &want_help);
+  if (want_help) eval_usage(stdout);
+  if (rc == CLI_OK && !want_help) rc = eval_check(r);
+  if (rc == CLI_OK && !want_help) rc = ref_load_model("eval", r->cfg.model, &r->m);
+  if (rc == CLI_OK && !want_help) {
+    bench_dir d;
+    rc = bench_dir_open(&d, NULL, "eval");
+    if (rc == CLI_OK) {
+      rc = eval_main(r, d.path);
+      kvt_engine_close(r->e);
+      r->e = NULL;
+      bench_dir_close(&d, "eval");
+    }
+  }
+  if (r->tw) trace_close(r->tw);
+  eval_free(r);
+  free(r);
+  return rc;
+}

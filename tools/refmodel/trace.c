@@ -1,0 +1,123 @@
+/* trace.c - the attention trace file (docs/trace-format.md). Fields are
+ * written byte by byte in little-endian order so that a trace made on one
+ * machine reads on any other. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace.h"
+
+struct trace_w {
+  FILE *f;
+  uint32_t block_tokens;
+  int err;
+};
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+static uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static void w_bytes(trace_w *w, const void *p, size_t n) {
+  if (!w->err && fwrite(p, 1, n, w->f) != n) w->err = errno ? -errno : -EIO;
+}
+
+int trace_open(const char *path, const trace_hdr *h, trace_w **out) {
+  *out = NULL;
+  trace_w *w = calloc(1, sizeof *w);
+  if (!w) return -ENOMEM;
+  if (!(w->f = fopen(path, "wb"))) {
+    int e = -errno;
+    free(w);
+    return e;
+  }
+  w->block_tokens = h->block_tokens;
+  uint8_t b[TRACE_HDR_BYTES] = {0};
+  uint64_t share;
+  memcpy(b, TRACE_MAGIC, 8);
+  put32(b + 8, TRACE_VERSION);
+  put32(b + 12, TRACE_HDR_BYTES);
+  const uint32_t f[] = {h->n_layers, h->n_q_heads, h->n_kv_heads, h->head_dim, h->block_tokens,
+                        h->seq_len, h->scorer};
+  for (size_t i = 0; i < 7; i++) put32(b + 16 + 4 * i, f[i]);
+  memcpy(&share, &h->hot_share, 8);
+  put64(b + 48, share);
+  memcpy(b + 56, h->model, strnlen(h->model, 63));
+  w_bytes(w, b, sizeof b);
+  *out = w;
+  return w->err;
+}
+
+int trace_step(trace_w *w, uint32_t seq, uint32_t pos, uint32_t layer, const kvt_gathered *blocks,
+               const float *mass, size_t n) {
+  uint8_t b[TRACE_REC_BYTES];
+  put32(b, seq);
+  put32(b + 4, pos);
+  put32(b + 8, layer);
+  put32(b + 12, (uint32_t)n);
+  w_bytes(w, b, sizeof b);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t last = blocks[i].token_pos + w->block_tokens - 1;
+    put32(b, blocks[i].block);
+    put32(b + 4, blocks[i].token_pos);
+    put32(b + 8, pos - last);
+    put32(b + 12, f32_bits(mass[i]));
+    w_bytes(w, b, sizeof b);
+  }
+  return w->err;
+}
+
+int trace_close(trace_w *w) {
+  if (!w) return 0;
+  int e = w->err;
+  if (fclose(w->f) && !e) e = -errno;
+  free(w);
+  return e;
+}
+
+int trace_read_hdr(FILE *f, trace_hdr *h) {
+  uint8_t b[TRACE_HDR_BYTES];
+  if (fread(b, 1, sizeof b, f) != sizeof b || memcmp(b, TRACE_MAGIC, 8) ||
+      get32(b + 8) != TRACE_VERSION || get32(b + 12) != TRACE_HDR_BYTES)
+    return -EPROTO;
+  memset(h, 0, sizeof *h);
+  h->version = get32(b + 8);
+  uint32_t *f32[] = {&h->n_layers, &h->n_q_heads, &h->n_kv_heads, &h->head_dim,
+                     &h->block_tokens, &h->seq_len, &h->scorer};
+  for (size_t i = 0; i < 7; i++) *f32[i] = get32(b + 16 + 4 * i);
+  uint64_t share = get64(b + 48);
+  memcpy(&h->hot_share, &share, 8);
+  memcpy(h->model, b + 56, 63);
+  return h->block_tokens ? 0 : -EPROTO;
+}
+
+int trace_read_rec(FILE *f, trace_rec *r) {
+  uint8_t b[TRACE_REC_BYTES];
+  size_t got = fread(b, 1, sizeof b, f);
+  if (got == 0) return 0;
+  if (got != sizeof b) return -EPROTO;
+  *r = (trace_rec){get32(b), get32(b + 4), get32(b + 8), get32(b + 12)};
+  return 1;
+}
+
+int trace_read_entries(FILE *f, const trace_rec *r, trace_entry *e) {
+  uint8_t b[TRACE_ENTRY_BYTES];
+  for (uint32_t i = 0; i < r->n_blocks; i++) {
+    if (fread(b, 1, sizeof b, f) != sizeof b) return -EPROTO;
+    uint32_t m = get32(b + 12);
+    e[i] = (trace_entry){get32(b), get32(b + 4), get32(b + 8), 0};
+    memcpy(&e[i].mass, &m, 4);
+  }
+  return 0;
+}
