@@ -103,6 +103,43 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
 
 #define GROUP_MAX 1024
 
+/* With the lock held: the flusher is done with tb, durable (ok) or not. */
+static void block_done(kvt_engine *e, kvt_tblk *tb, int ok) {
+  tb->queued = 0;
+  if (ok && !tb->indexed) { /* dropped while being written: not again */
+    pthread_mutex_unlock(&e->lock);
+    kvt_cold_remove(e->cold, &tb->key);
+    pthread_mutex_lock(&e->lock);
+  } else if (ok) {
+    tb->cold = 1;
+  }
+  tb->seq_refs--;
+  release_holds(e, tb); /* durable, or given up on: RAM may let it go */
+  e->st.cold_written += ok != 0;
+  e->completed++;
+}
+
+/* A group is durable (the cold tier's committer tells, group by group,
+ * while the flusher writes the next): its blocks are reported durable and
+ * let go at once, so callers waiting for room go on before the rest of
+ * the hand-over is written. */
+typedef struct flush_batch {
+  kvt_engine *e;
+  kvt_tblk **g;
+} flush_batch;
+
+static void group_settled(void *arg, size_t from, size_t to) {
+  flush_batch *fb = arg;
+  kvt_engine *e = fb->e;
+  pthread_mutex_lock(&e->lock);
+  for (size_t i = from; i < to; i++) {
+    block_done(e, fb->g[i], 1);
+    fb->g[i] = NULL;
+  }
+  pthread_cond_broadcast(&e->flushed);
+  pthread_mutex_unlock(&e->lock);
+}
+
 static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
                        const uint8_t **ptrs, size_t *written) {
   size_t np = 0;
@@ -119,7 +156,8 @@ static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs
   uint64_t need = 0;
   for (size_t i = 0; i < n; i++) need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
   kvt_cold_evict_for(e->cold, need);
-  int rc = kvt_cold_write(e->cold, recs, n, written);
+  flush_batch fb = {e, g};
+  int rc = kvt_cold_write_cb(e->cold, recs, n, written, group_settled, &fb);
   kvt_cold_track(e->cold, recs, *written); /* the leading ones, now indexed */
   return rc;
 }
@@ -150,22 +188,9 @@ static void *flusher_main(void *arg) {
     size_t done = 0; /* leading blocks of g now durable */
     if (!rc) rc = write_group(e, g, n, recs, ptrs, &done); /* payloads are pinned: no lock needed */
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < n; i++) {
-      kvt_tblk *tb = g[i];
-      tb->queued = 0;
-      if (i < done && !tb->indexed) { /* dropped while being written: not again */
-        pthread_mutex_unlock(&e->lock);
-        kvt_cold_remove(e->cold, &tb->key);
-        pthread_mutex_lock(&e->lock);
-      } else if (i < done) {
-        tb->cold = 1;
-      }
-      tb->seq_refs--;
-      release_holds(e, tb); /* durable, or given up on: RAM may let it go */
-    }
+    for (size_t i = 0; i < n; i++) /* what group_settled was not told of */
+      if (g[i]) block_done(e, g[i], i < done);
     if (rc && !e->cold_err) e->cold_err = rc;
-    e->st.cold_written += done;
-    e->completed += n;
     pthread_cond_broadcast(&e->flushed);
   }
   pthread_mutex_unlock(&e->lock);

@@ -819,7 +819,9 @@ typedef struct chunk {
   kvt_io_req *w;              /* the writes, from stage buffer `buf` */
   size_t nw;
   int buf;                    /* staging buffer held, or -1 */
-  size_t upto;                /* records of the call settled once this commits */
+  size_t from, upto;          /* records of the call settled once this commits */
+  kvt_cold_settled_fn settled; /* told of [from, upto) when it commits */
+  void *settled_arg;
   const victim *vic;
   int rc;
   struct chunk *next;
@@ -922,6 +924,7 @@ static void *committer_main(void *arg) {
     int failed = c->cq_failed;
     pthread_mutex_unlock(&c->cq_lock);
     if (!k->rc) k->rc = failed ? failed : chunk_commit(c, k);
+    if (!k->rc && k->settled && k->upto > k->from) k->settled(k->settled_arg, k->from, k->upto);
     pthread_mutex_lock(&c->cq_lock);
     if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
     k->next = c->cq_done;
@@ -1110,10 +1113,10 @@ static int chunks_wait(kvt_cold *c, size_t *done) {
  * relocations; relocated ones (from segment vic) may use it. *written:
  * the leading records now indexed. */
 static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
-                       size_t *written) {
+                       size_t *written, kvt_cold_settled_fn settled, void *arg) {
   if (written) *written = 0;
   if (n == 0) return 0;
-  size_t at = 0, done = 0;
+  size_t at = 0, done = 0, told = 0; /* told: records posted or settled so far */
   int rc = 0, full = 0;
   while (at < n && !rc && !full) {
     pthread_mutex_lock(&c->cq_lock);
@@ -1127,7 +1130,8 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     at += used;
     if (rc) break;
     if (!k && idle) { /* nothing to write: settled already */
-      done = at;
+      if (settled && at > told) settled(arg, told, at);
+      done = told = at;
       continue;
     }
     if (!k && !(k = calloc(1, sizeof *k))) { /* settles once what came before does */
@@ -1135,19 +1139,22 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       break;
     }
     if (!k->pl) k->buf = -1;
-    k->upto = at;
+    k->from = told;
+    k->upto = told = at;
+    k->settled = settled;
+    k->settled_arg = arg;
     chunk_post(c, k);
   }
-  size_t settled = done;
-  int crc = chunks_wait(c, &settled);
+  size_t indexed = done;
+  int crc = chunks_wait(c, &indexed);
   if (!rc) rc = crc;
-  if (!rc && settled < n) rc = KVT_EFULL; /* a group not written in full */
+  if (!rc && indexed < n) rc = KVT_EFULL; /* a group not written in full */
   if (rc) {
     pthread_mutex_lock(&c->st_lock);
     c->st.write_failures++;
     pthread_mutex_unlock(&c->st_lock);
   }
-  if (written) *written = settled;
+  if (written) *written = indexed;
   return rc;
 }
 
@@ -1687,7 +1694,7 @@ static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entr
     kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
     if (!cr) return -ENOMEM;
     for (size_t i = 0; i < n_cy; i++) cr[i] = cy[i].rec;
-    rc = write_group(c, cr, n_cy, vic, NULL);
+    rc = write_group(c, cr, n_cy, vic, NULL, NULL, NULL);
     free(cr);
     if (rc) return rc == KVT_EFULL ? 0 : rc;
   }
@@ -1798,6 +1805,11 @@ static int64_t reclaim_one(kvt_cold *c) {
 }
 
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
+  return kvt_cold_write_cb(c, recs, n, written, NULL, NULL);
+}
+
+int kvt_cold_write_cb(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written,
+                      kvt_cold_settled_fn settled, void *arg) {
   if (written) *written = 0;
   if (c->cfg.rdonly) return KVT_ERDONLY;
   if (n == 0) return 0;
@@ -1814,7 +1826,7 @@ int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *writ
     if (r == 0) break;
   }
   free(sizes);
-  return rc ? rc : write_group(c, recs, n, NULL, written);
+  return rc ? rc : write_group(c, recs, n, NULL, written, settled, arg);
 }
 
 /* ---------- asynchronous reads ---------- */

@@ -105,6 +105,13 @@ int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, cons
  * group_bytes, the next group written while the one before is synced and
  * indexed by the committer thread. */
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written);
+/* The same, telling settled(arg, from, to) as soon as records [from, to)
+ * are in the index, group by group, in order, before it returns (from the
+ * committer thread, or the caller's; with no cold-tier lock held).
+ * Records not told of by the time it returns were not indexed. */
+typedef void (*kvt_cold_settled_fn)(void *arg, size_t from, size_t to);
+int kvt_cold_write_cb(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written,
+                      kvt_cold_settled_fn settled, void *arg);
 
 /* When the tier is full, kvt_cold_write() reclaims the segment with the
  * fewest live bytes: keep(arg, key) says which of its blocks must be
