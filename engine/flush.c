@@ -245,13 +245,14 @@ int kvt_mcold_start(kvt_engine *e) {
   return rc;
 }
 
-int kvt_cold_has(kvt_engine *e, const kvt_key *key) {
+/* With the engine lock held. The cold tier's find takes only leaf locks
+ * and an LMDB read transaction (lock order: engine lock first). Asked
+ * under the engine lock as a token block enters the index, the answer
+ * cannot go stale before the block is referenced: a removal chosen before
+ * hides the key already, one chosen after sees the reference (keep()). */
+int kvt_cold_has_locked(kvt_engine *e, const kvt_key *key) {
   if (e->cold) return kvt_cold_find(e->cold, key, NULL) == 0;
-  if (!e->mcold) return 0;
-  pthread_mutex_lock(&e->lock);
-  int has = kvt_cold_meta_find(e->mcold, key) == 0;
-  pthread_mutex_unlock(&e->lock);
-  return has;
+  return e->mcold && kvt_cold_meta_find(e->mcold, key) == 0;
 }
 
 int kvt_cold_start(kvt_engine *e, const char *dir) {

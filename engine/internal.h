@@ -164,7 +164,7 @@ static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !
 static inline int kvt_cold_any(const kvt_engine *e) { return kvt_cold_on(e) || e->mcold != NULL; }
 /* Is key in the cold tier? A hit is a use. Takes the engine lock for the
  * metadata-only tier; call without it. */
-int kvt_cold_has(kvt_engine *e, const kvt_key *key);
+int kvt_cold_has_locked(kvt_engine *e, const kvt_key *key); /* engine lock held */
 /* engine.c: a layer block that can never fit the hot tier, in a
  * metadata-only engine with a cold tier and no warm one, is published
  * straight into the cold tier (a descriptor only). With the lock held. */

@@ -173,6 +173,7 @@ static kvt_tblk *tblk_get(kvt_engine *e, kvt_seq *s, const kvt_key *key, kvt_tbl
   if (tb || !*spare) return tb;
   tb = *spare;
   *spare = NULL;
+  tb->cold = (uint8_t)kvt_cold_has_locked(e, key); /* durable from an earlier run, or another path */
   kvt_index_insert(e, tb);
   e->n_tblks++;
   (void)s;
@@ -197,23 +198,17 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   pthread_mutex_unlock(&e->lock);
   kvt_tblk *spare = found ? NULL : kvt_tblk_alloc(e, ns, &key, parent, b), *tb;
   if (!found && !spare) return -ENOMEM;
-  if (spare) /* durable from an earlier run, or another path */
-    spare->cold = (uint8_t)kvt_cold_has(e, &key);
   int rc = seq_reserve(s);
   if (rc) {
     kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size);
     return rc;
   }
   pthread_mutex_lock(&e->lock);
-  kvt_tblk *cand = spare;
   while (!(tb = tblk_get(e, s, &key, &spare))) { /* it left the index meanwhile */
     pthread_mutex_unlock(&e->lock);
     if (!(spare = kvt_tblk_alloc(e, ns, &key, parent, b))) return -ENOMEM;
-    spare->cold = (uint8_t)kvt_cold_has(e, &key);
-    cand = spare;
     pthread_mutex_lock(&e->lock);
   }
-  int created = tb == cand;
   tb->seen++;
   tb->prompt |= !s->output;
   tb->seq_refs++;
@@ -236,17 +231,6 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   int durable = tb->cold;
   kvt_cold_consider(e, tb); /* seen once more: admission may say yes now */
   pthread_mutex_unlock(&e->lock);
-  /* Found in the cold tier before the block was in the index: the cold
-   * tier may have chosen to remove it in between (its keep() found no
-   * reference then). Now that s references it, ask again: a removal
-   * chosen since hides the key already (tiers/cold.c, keep_or_mark). */
-  if (created && durable && !kvt_cold_has(e, &key)) {
-    pthread_mutex_lock(&e->lock);
-    tb->cold = 0;
-    durable = 0;
-    kvt_cold_consider(e, tb);
-    pthread_mutex_unlock(&e->lock);
-  }
   kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size); /* unused: found it */
   if (info) {
     info->block = b;
@@ -426,13 +410,14 @@ static void count_read(kvt_engine *e, const kvt_lblk *b) {
 
 
 /* Read (key, layer) from the cold tier. A record that fails a check is a
- * miss: it leaves the index and the token block is no longer durable. */
+ * miss: the cold tier took it out of the index (only if the index still
+ * pointed at what failed: a block relocated meanwhile is read where it
+ * is), and the token block is no longer durable. */
 static int read_cold(kvt_engine *e, kvt_tblk *tb, const kvt_key *key, uint32_t layer, void *k_out,
                      void *v_out, size_t each) {
   if (!e->cold) return KVT_ENOTFOUND;
   int rc = kvt_cold_read_layer(e->cold, key, layer, k_out, v_out, each);
   if (rc != KVT_ECORRUPT) return rc;
-  kvt_cold_remove(e->cold, key);
   if (tb) {
     pthread_mutex_lock(&e->lock);
     tb->cold = 0;
@@ -585,16 +570,19 @@ static int load_cold_submit(kvt_engine *e, kvt_load *ld) {
   return 0;
 }
 
-/* Statuses of the cold reads: a record that failed a check is a miss and
- * leaves the index. */
+/* Statuses of the cold reads: a record that failed a check is a miss (the
+ * cold tier took it out of the index if the index still pointed there). */
 static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
   kvt_cold_read_wait(ld->cb);
   ld->cb = NULL;
   for (size_t j = 0; j < ld->n_cr; j++) {
     kvt_load_req *r = &ld->reqs[ld->cr_idx[j]];
     int st = ld->cr[j].status;
-    if (st == KVT_ECORRUPT) {
-      kvt_cold_remove(e->cold, &r->key);
+    if (st == KVT_ECORRUPT) { /* no longer durable */
+      pthread_mutex_lock(&e->lock);
+      kvt_tblk *tb = kvt_index_find(e, &r->key);
+      if (tb) tb->cold = 0;
+      pthread_mutex_unlock(&e->lock);
       st = KVT_ENOTFOUND;
     }
     r->status = st;

@@ -336,6 +336,8 @@ static int segs_load(kvt_cold *c, MDB_txn *t) {
     if (rc) return rc;
     if (align4k(size) > s->used) s->used = align4k(size);
     if (s->state == SEG_OPEN && c->active < 0 && !c->cfg.rdonly) c->active = (int)id;
+    else if (s->state == SEG_OPEN && !c->cfg.rdonly) /* sealed, the row not saved: */
+      s->state = SEG_FULL;                            /* reclaimable, not stranded */
     c->st.live_bytes += s->live;
   }
   return 0;
@@ -1340,8 +1342,46 @@ static int decode_payload(const uint8_t *p, const kvt_cold_slice *s, uint32_t es
   return rc;
 }
 
+static int remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key);
+
+/* A read of key at `seen` failed a check. If the index still points
+ * there, the record is bad: its entry leaves the index (KVT_ECORRUPT).
+ * If it points elsewhere now (a reclaim relocated it meanwhile, and the
+ * old place may hold new bytes), 1: read again. Gone: KVT_ENOTFOUND. */
+static int bad_or_moved(kvt_cold *c, const kvt_key *key, const kvt_cold_entry *seen) {
+  MDB_txn *t;
+  int rd = c->cfg.rdonly;
+  if (mdb_txn_begin(c->env, NULL, rd ? MDB_RDONLY : 0, &t)) return KVT_ECORRUPT;
+  kvt_cold_entry cur;
+  int rc = find_locked(c, t, key, &cur, NULL, 0);
+  if (rc == KVT_ECORRUPT) rc = 0, cur = *seen; /* an unparsable entry: bad */
+  if (!rc && (cur.seg != seen->seg || cur.seg_gen != seen->seg_gen || cur.offset != seen->offset))
+    rc = 1;
+  else if (!rc && !rd && remove_in(c, t, key) == 0 && mdb_txn_commit(t) == 0)
+    return KVT_ECORRUPT; /* not synced: if lost, the next failed check removes it again */
+  mdb_txn_abort(t);
+  return rc ? rc : KVT_ECORRUPT;
+}
+
+static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out,
+                           void *v_out, size_t bytes_each, int final);
+
+/* A record that fails its check twice leaves the index (KVT_ECORRUPT);
+ * one that moved while being read is read again where it is now. */
 int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out, void *v_out,
                         size_t bytes_each) {
+  int rc = KVT_ENOTFOUND;
+  for (int tries = 0; tries < 3; tries++) {
+    rc = read_layer_once(c, key, layer, k_out, v_out, bytes_each, tries > 0);
+    if (rc != 1) return rc;
+  }
+  return KVT_ENOTFOUND; /* kept moving: a miss */
+}
+
+/* One try: 0, an error, or 1 (read again: it moved, or it failed a check
+ * and this was not the final try). */
+static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out,
+                           void *v_out, size_t bytes_each, int final) {
   MDB_txn *t;
   kvt_cold_entry e;
   kvt_cold_slice s;
@@ -1359,6 +1399,7 @@ int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k
   if (!rc) rc = decode_payload(buf, &s, (uint32_t)kvt_dtype_size(e.dtype), k_out, v_out,
                                bytes_each);
   kvt_io_buf_free(buf);
+  if (rc == KVT_ECORRUPT) rc = final ? bad_or_moved(c, key, &e) : 1;
   pthread_mutex_lock(&c->st_lock);
   if (rc == KVT_ECORRUPT) c->st.checksum_failures++;
   if (!rc) {
@@ -1614,14 +1655,16 @@ static int fits(const kvt_cold *c, const uint64_t *sizes, size_t n, uint64_t res
 /* The full segment with the fewest live bytes; the one being appended
  * only when no segment is full (it holds the newest blocks, the likeliest
  * to be wanted again). */
-static int victim_seg(const kvt_cold *c) {
+static int victim_seg(kvt_cold *c) {
   int best = -1;
+  pthread_mutex_lock(&c->st_lock); /* live changes under it (removals from any thread) */
   for (uint32_t id = 0; id < c->n_segs; id++) {
     const seg *s = &c->segs[id];
     if (s->state != SEG_FULL || s->fd < 0 || (int)id == c->active) continue;
     if (best < 0 || s->live < c->segs[best].live) best = (int)id;
   }
   if (best < 0 && c->active >= 0 && c->segs[c->active].used > 0) best = c->active;
+  pthread_mutex_unlock(&c->st_lock);
   return best;
 }
 
@@ -1772,7 +1815,9 @@ static int64_t reclaim_one(kvt_cold *c) {
       kept += ents[i].rec_len;
     }
   }
+  pthread_mutex_lock(&c->st_lock);
   uint64_t live = c->segs[id].live;
+  pthread_mutex_unlock(&c->st_lock);
   int freed = 0;
   /* Worth it when it frees something: a dead block, or room (a few
    * referenced blocks moved together out of a segment of their own, into
@@ -1780,7 +1825,7 @@ static int64_t reclaim_one(kvt_cold *c) {
    * relocations fit (the spare segment new records leave is for them). */
   int worth = n_cy == 0 || kept < live || kept <= c->cfg.segment_bytes / 2;
   if (!rc && worth && fits(c, sizes, n_cy, 0))
-    freed = rc = relocate_and_free(c, &vic, ents, n, cy, n_cy);
+    freed = (rc = relocate_and_free(c, &vic, ents, n, cy, n_cy)) > 0;
   gone_clear(c); /* removed for good, or not removed after all */
   carry_free(cy, n_cy);
   free(cy);
@@ -1884,6 +1929,10 @@ static void read_finish(kvt_cold *c, inflight *f) {
   if (!rc && !slice_ok(f->buf, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
   if (!rc) rc = decode_payload(f->buf, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
                                r->k_out, r->v_out, r->bytes_each);
+  if (rc == KVT_ECORRUPT) { /* bad: removed; moved meanwhile: a miss (not read again here) */
+    rc = bad_or_moved(c, &r->key, &f->e);
+    if (rc == 1) rc = KVT_ENOTFOUND;
+  }
   pthread_mutex_lock(&c->st_lock);
   if (rc == KVT_ECORRUPT) c->st.checksum_failures++;
   if (!rc) {
