@@ -66,6 +66,10 @@ struct kvt_cold {
   /* Keys chosen for removal whose removal has not committed: found by
    * nobody (kvt_cold_find, kvt_cold_prefix), so no caller is told a block
    * is durable that is about to go. Added before keep() is asked. */
+  /* What remove_in changed in memory in the write transaction under way
+   * (one at a time: LMDB's writer lock), undone if it does not commit. */
+  struct undo_rec *undo;
+  size_t undo_n, undo_cap;
   pthread_mutex_t gone_lock;
   kvt_key *gone_v;                        /* sorted */
   size_t gone_n, gone_cap;
@@ -471,6 +475,7 @@ void kvt_cold_close(kvt_cold *c) {
   pthread_mutex_destroy(&c->cq_lock);
   pthread_mutex_destroy(&c->gone_lock);
   free(c->gone_v);
+  free(c->undo);
   pthread_cond_destroy(&c->cq_cv);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, c, sizeof *c);
 }
@@ -1343,6 +1348,7 @@ static int decode_payload(const uint8_t *p, const kvt_cold_slice *s, uint32_t es
 }
 
 static int remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key);
+static int txn_end(kvt_cold *c, MDB_txn *t, int rc);
 
 /* A read of key at `seen` failed a check. If the index still points
  * there, the record is bad: its entry leaves the index (KVT_ECORRUPT).
@@ -1357,10 +1363,12 @@ static int bad_or_moved(kvt_cold *c, const kvt_key *key, const kvt_cold_entry *s
   if (rc == KVT_ECORRUPT) rc = 0, cur = *seen; /* an unparsable entry: bad */
   if (!rc && (cur.seg != seen->seg || cur.seg_gen != seen->seg_gen || cur.offset != seen->offset))
     rc = 1;
-  else if (!rc && !rd && remove_in(c, t, key) == 0 && mdb_txn_commit(t) == 0)
-    return KVT_ECORRUPT; /* not synced: if lost, the next failed check removes it again */
-  mdb_txn_abort(t);
-  return rc ? rc : KVT_ECORRUPT;
+  if (rc || rd) {
+    mdb_txn_abort(t);
+    return rc ? rc : KVT_ECORRUPT;
+  }
+  txn_end(c, t, remove_in(c, t, key)); /* not synced: if lost, the next failed check removes it */
+  return KVT_ECORRUPT;
 }
 
 static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out,
@@ -1412,21 +1420,64 @@ static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void
 
 /* ---------- removal, stats, verification ---------- */
 
+typedef struct undo_rec {
+  kvt_key key, parent;
+  uint32_t seg;
+  uint64_t gen, len;
+  int tracked;                 /* was in the eviction order */
+} undo_rec;
+
+/* End a write transaction that may have run remove_in: commit when rc is
+ * 0, else abort; when it did not commit, put back what remove_in changed
+ * in memory (live bytes, the eviction order). Returns rc or the commit's
+ * error. */
+static int txn_end(kvt_cold *c, MDB_txn *t, int rc) {
+  if (!rc) rc = mdb_err(mdb_txn_commit(t));
+  else mdb_txn_abort(t);
+  for (size_t i = 0; rc && i < c->undo_n; i++) {
+    const undo_rec *u = &c->undo[i];
+    pthread_mutex_lock(&c->st_lock);
+    if (u->seg < c->n_segs && c->segs[u->seg].gen == u->gen) c->segs[u->seg].live += u->len;
+    c->st.live_bytes += u->len;
+    pthread_mutex_unlock(&c->st_lock);
+    if (u->tracked && c->ev) {
+      pthread_mutex_lock(&c->ev_lock);
+      kvt_evict_add(c->ev, &u->key, &u->parent, u->len);
+      pthread_mutex_unlock(&c->ev_lock);
+    }
+  }
+  c->undo_n = 0;
+  return rc;
+}
+
 static int remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key) {
   kvt_cold_entry e;
   int rc = find_locked(c, t, key, &e, NULL, 0);
   MDB_val k = {16, (void *)key->b};
   if (rc == KVT_ECORRUPT) return mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
   if (rc) return rc;
+  if ((rc = grow(&c->undo, &c->undo_cap, c->undo_n, sizeof *c->undo))) return rc;
   rc = mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
   if (rc) return rc;
+  int tracked = 0;
+  if (c->ev) {
+    pthread_mutex_lock(&c->ev_lock);
+    tracked = kvt_evict_has(c->ev, key);
+    pthread_mutex_unlock(&c->ev_lock);
+  }
   evict_forget(c, key);
+  uint64_t took = 0;
   pthread_mutex_lock(&c->st_lock);
-  if (e.seg < c->n_segs && c->segs[e.seg].gen == e.seg_gen && c->segs[e.seg].live >= e.rec_len)
+  if (e.seg < c->n_segs && c->segs[e.seg].gen == e.seg_gen && c->segs[e.seg].live >= e.rec_len) {
     c->segs[e.seg].live -= e.rec_len;
+    took = e.rec_len;
+  }
   if (c->st.live_bytes >= e.rec_len) c->st.live_bytes -= e.rec_len;
+  uint32_t n_segs = c->n_segs;
   pthread_mutex_unlock(&c->st_lock);
-  return e.seg < c->n_segs ? seg_save(c, t, e.seg) : 0;
+  c->undo[c->undo_n++] = (undo_rec){.key = *key, .parent = e.parent, .seg = took ? e.seg : UINT32_MAX,
+                                    .gen = e.seg_gen, .len = e.rec_len, .tracked = tracked};
+  return e.seg < n_segs ? seg_save(c, t, e.seg) : 0;
 }
 
 int kvt_cold_remove(kvt_cold *c, const kvt_key *key) {
@@ -1434,13 +1485,9 @@ int kvt_cold_remove(kvt_cold *c, const kvt_key *key) {
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
-  rc = remove_in(c, t, key);
-  if (rc) {
-    mdb_txn_abort(t);
-    return rc;
-  }
-  return mdb_err(mdb_txn_commit(t)); /* not synced: a removal that is lost
-                                        is found again by the next failed check */
+  return txn_end(c, t, remove_in(c, t, key)); /* not synced: a removal that is
+                                                lost is found again by the next
+                                                failed check */
 }
 
 void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
@@ -1511,8 +1558,7 @@ static int remove_keys(kvt_cold *c, const kvt_key *keys, size_t n, const kvt_key
     int r = mdb_del(t, c->db_ns, &k, NULL);
     if (r && r != MDB_NOTFOUND) rc = mdb_err(r);
   }
-  if (!rc) rc = mdb_err(mdb_txn_commit(t));
-  else if (t) mdb_txn_abort(t);
+  if (t) rc = txn_end(c, t, rc);
   if (!rc) rc = mdb_err(mdb_env_sync(c->env, 1));
   if (!rc && removed) *removed = count;
   return rc;
@@ -1744,6 +1790,9 @@ static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entr
   MDB_txn *t;
   rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
+  pthread_mutex_lock(&c->st_lock); /* as it stands (removers wait for the writer lock) */
+  uint64_t live0 = c->segs[vic->id].live;
+  pthread_mutex_unlock(&c->st_lock);
   int freed = 1;
   for (size_t i = 0; !rc && freed && i < n_cy; i++) { /* every relocation indexed? */
     kvt_cold_entry cur;
@@ -1763,11 +1812,15 @@ static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entr
     pthread_mutex_unlock(&c->st_lock);
     rc = seg_save(c, t, vic->id);
   }
-  if (!rc && freed) rc = mdb_err(mdb_txn_commit(t));
-  else mdb_txn_abort(t);
+  if (!freed && !rc) {
+    mdb_txn_abort(t); /* nothing was removed */
+    return 0;
+  }
+  rc = txn_end(c, t, rc);
   if (rc) { /* the segment table in memory follows the index again */
     pthread_mutex_lock(&c->st_lock);
     if (c->segs[vic->id].state == SEG_FREE) c->segs[vic->id].state = SEG_FULL;
+    c->segs[vic->id].live = live0;
     pthread_mutex_unlock(&c->st_lock);
     return rc;
   }
