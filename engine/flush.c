@@ -226,6 +226,19 @@ static int keep_block(void *arg, const kvt_key *key) {
   return keep;
 }
 
+/* A block a reclaim kept was found bad in the cold tier and left it: not
+ * durable any more; written again if its exact layers are still in RAM. */
+static void lost_block(void *arg, const kvt_key *key) {
+  kvt_engine *e = arg;
+  pthread_mutex_lock(&e->lock);
+  kvt_tblk *tb = kvt_index_find(e, key);
+  if (tb) {
+    tb->cold = 0;
+    kvt_cold_consider(e, tb);
+  }
+  pthread_mutex_unlock(&e->lock);
+}
+
 /* The metadata-only cold tier's hooks, called with the engine lock held:
  * referenced blocks stay; an evicted one is no longer durable. */
 static int meta_keep(void *arg, const kvt_key *key) {
@@ -261,6 +274,7 @@ int kvt_cold_start(kvt_engine *e, const char *dir) {
   int rc = kvt_cold_open(&e->mem, &cfg, &e->cold);
   if (rc || kvt_rdonly(e)) return rc;
   kvt_cold_set_keep(e->cold, keep_block, e);
+  kvt_cold_set_lost(e->cold, lost_block);
   pthread_cond_init(&e->work, NULL);
   pthread_cond_init(&e->flushed, NULL);
   rc = -pthread_create(&e->flusher, NULL, flusher_main, e);

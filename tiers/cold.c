@@ -43,6 +43,7 @@ typedef struct carry {
 struct kvt_cold {
   kvt_mem *mem;
   int (*keep)(void *arg, const kvt_key *key); /* re-insert on reclaim? */
+  void (*lost)(void *arg, const kvt_key *key); /* a kept block found bad (keep_arg) */
   void *keep_arg;
   uint64_t evictions, reclaims, relocated;
   kvt_cold_config cfg;
@@ -1678,6 +1679,8 @@ int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_
 
 /* ---------- capacity: reclaiming segments ---------- */
 
+void kvt_cold_set_lost(kvt_cold *c, void (*lost)(void *, const kvt_key *)) { c->lost = lost; }
+
 void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *, const kvt_key *), void *arg) {
   c->keep = keep;
   c->keep_arg = arg;
@@ -1858,6 +1861,7 @@ static int64_t reclaim_one(kvt_cold *c) {
     carry *x = &cy[n_cy++];
     int r = carry_load(c, &ents[i], x);
     if (r == KVT_ECORRUPT || r == KVT_ENOTFOUND) { /* unreadable: it was lost already */
+      if (c->lost) c->lost(c->keep_arg, &ents[i].key); /* the engine counted it durable */
       carry_free(x, 1);
       *x = (carry){0};
       n_cy--;

@@ -118,6 +118,10 @@ int kvt_cold_write_cb(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *w
  * written again (still referenced); the rest are evicted. keep is called
  * from the writer thread, outside every cold-tier lock and transaction. */
 void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *arg, const kvt_key *key), void *arg);
+/* lost(arg, key): a block keep() kept was found bad while a reclaim read
+ * it back, and left the index: it is not durable any more. Called on the
+ * writer's thread with no cold-tier lock held. */
+void kvt_cold_set_lost(kvt_cold *c, void (*lost)(void *arg, const kvt_key *key));
 
 /* The eviction order (tiers/evict.h) of a writer's blocks. Before a group
  * is written, kvt_cold_evict_for() invalidates blocks one by one in that
