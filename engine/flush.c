@@ -80,24 +80,38 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
 
 int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
 
-/* Groups handed to the cold tier at once: it writes one while the one
- * before is synced and indexed (tiers/cold.c, "the write pipeline"). */
+/* Groups handed to the cold tier at once, at most: it builds the next
+ * while one is written and the one before synced and indexed
+ * (tiers/cold.c, "the write pipeline"). */
 #define PIPELINE_GROUPS 4
 
-/* Take up to PIPELINE_GROUPS groups of queued token blocks (at least one). */
+/* Take up to PIPELINE_GROUPS groups of queued token blocks (at least
+ * one block), cut as the cold tier cuts them (record sizes, at most
+ * cold_group_bytes a group). A group the queue does not fill yet stays
+ * queued when a whole one goes now: it grows until the next hand-over
+ * instead of going to the device (and to its own fdatasync) half empty. */
 static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
-  uint64_t bytes = 0;
-  size_t n = 0;
-  while (e->fq_head && n < max) {
-    kvt_tblk *tb = e->fq_head;
-    uint64_t b = 2 * (uint64_t)tb->ns->bytes_each * tb->n_layers;
-    if (n && bytes + b > PIPELINE_GROUPS * e->opt.cold_group_bytes) break;
-    e->fq_head = tb->fq_next;
-    if (!e->fq_head) e->fq_tail = NULL;
-    out[n++] = tb;
-    bytes += b;
+  uint64_t in_group = 0;
+  size_t n = 0, cut = 0;
+  unsigned groups = 0;
+  const kvt_tblk *tb = e->fq_head;
+  for (; tb && n < max; tb = tb->fq_next) {
+    uint64_t b = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
+    if (in_group && in_group + b > e->opt.cold_group_bytes) { /* a group closes before tb */
+      cut = n;
+      in_group = 0;
+      if (++groups == PIPELINE_GROUPS) break;
+    }
+    in_group += b;
+    n++;
+  }
+  if (!tb && cut && !e->stop) n = cut; /* the queue ended in an open group */
+  for (size_t i = 0; i < n; i++) {
+    out[i] = e->fq_head;
+    e->fq_head = e->fq_head->fq_next;
     e->st.cold_queued--;
   }
+  if (!e->fq_head) e->fq_tail = NULL;
   return n;
 }
 
@@ -119,29 +133,38 @@ static void block_done(kvt_engine *e, kvt_tblk *tb, int ok) {
   e->completed++;
 }
 
-/* A group is durable (the cold tier's committer tells, group by group,
- * while the flusher writes the next): its blocks are reported durable and
- * let go at once, so callers waiting for room go on before the rest of
- * the hand-over is written. */
+/* A hand-over of token blocks to the cold tier. kvt_cold_post returns
+ * once they are built into its pipeline; its committer then tells, group
+ * by group, which are durable (reported durable and let go at once, so
+ * callers waiting for room go on) and which failed, while the flusher
+ * already builds the next hand-over. The last one told frees it. */
 typedef struct flush_batch {
   kvt_engine *e;
-  kvt_tblk **g;
+  size_t left;                /* blocks not yet told of, + 1 until posted (engine lock) */
+  kvt_tblk *g[];
 } flush_batch;
 
-static void group_settled(void *arg, size_t from, size_t to) {
+/* With the engine lock held: n blocks of fb told of; frees it after the last. */
+static int batch_less(flush_batch *fb, size_t n) {
+  fb->left -= n;
+  return fb->left == 0;
+}
+
+static void group_settled(void *arg, size_t from, size_t to, int rc) {
   flush_batch *fb = arg;
   kvt_engine *e = fb->e;
   pthread_mutex_lock(&e->lock);
-  for (size_t i = from; i < to; i++) {
-    block_done(e, fb->g[i], 1);
-    fb->g[i] = NULL;
-  }
+  for (size_t i = from; i < to; i++) block_done(e, fb->g[i], rc == 0);
+  if (rc && !e->cold_err) e->cold_err = rc;
+  int last = batch_less(fb, to - from);
   pthread_cond_broadcast(&e->flushed);
   pthread_mutex_unlock(&e->lock);
+  if (last) free(fb);
 }
 
-static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
-                       const uint8_t **ptrs, size_t *written) {
+/* Hand g[0..n) over (payloads pinned: read with no lock held). */
+static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
+                      const uint8_t **ptrs) {
   size_t np = 0;
   for (size_t i = 0; i < n; i++) {
     kvt_tblk *tb = g[i];
@@ -156,10 +179,21 @@ static int write_group(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs
   uint64_t need = 0;
   for (size_t i = 0; i < n; i++) need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
   kvt_cold_evict_for(e->cold, need);
-  flush_batch fb = {e, g};
-  int rc = kvt_cold_write_cb(e->cold, recs, n, written, group_settled, &fb);
-  kvt_cold_track(e->cold, recs, *written); /* the leading ones, now indexed */
-  return rc;
+  flush_batch *fb = malloc(sizeof *fb + n * sizeof *g);
+  size_t posted = 0;
+  int rc = -ENOMEM;
+  if (fb) {
+    *fb = (flush_batch){.e = e, .left = n + 1}; /* ours until post returns */
+    memcpy(fb->g, g, n * sizeof *g);
+    rc = kvt_cold_post(e->cold, recs, n, &posted, group_settled, fb);
+  }
+  pthread_mutex_lock(&e->lock);
+  for (size_t i = posted; i < n; i++) block_done(e, g[i], 0); /* not written */
+  if (rc && !e->cold_err) e->cold_err = rc;
+  int last = fb && batch_less(fb, n - posted + 1);
+  pthread_cond_broadcast(&e->flushed);
+  pthread_mutex_unlock(&e->lock);
+  if (last || !fb) free(fb);
 }
 
 static void *flusher_main(void *arg) {
@@ -171,7 +205,10 @@ static void *flusher_main(void *arg) {
   pthread_mutex_lock(&e->lock);
   for (;;) {
     while (!e->fq_head && !e->stop) pthread_cond_wait(&e->work, &e->lock);
-    if (!e->fq_head) break; /* stop, and everything queued is done */
+    if (!e->fq_head) break; /* stop, and everything queued is handed over */
+    pthread_mutex_unlock(&e->lock); /* hand over what is queued once it can be built: */
+    kvt_cold_wait_stage(e->cold);   /* meanwhile more is queued (batches grow under load) */
+    pthread_mutex_lock(&e->lock);
     size_t n = take_group(e, g, GROUP_MAX), need = 0;
     for (size_t i = 0; i < n; i++) need += g[i]->n_layers;
     pthread_mutex_unlock(&e->lock);
@@ -185,15 +222,18 @@ static void *flusher_main(void *arg) {
         rc = -ENOMEM;
       }
     }
-    size_t done = 0; /* leading blocks of g now durable */
-    if (!rc) rc = write_group(e, g, n, recs, ptrs, &done); /* payloads are pinned: no lock needed */
+    if (!rc) {
+      hand_over(e, g, n, recs, ptrs);
+      pthread_mutex_lock(&e->lock);
+      continue;
+    }
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < n; i++) /* what group_settled was not told of */
-      if (g[i]) block_done(e, g[i], i < done);
-    if (rc && !e->cold_err) e->cold_err = rc;
+    for (size_t i = 0; i < n; i++) block_done(e, g[i], 0);
+    if (!e->cold_err) e->cold_err = rc;
     pthread_cond_broadcast(&e->flushed);
   }
   pthread_mutex_unlock(&e->lock);
+  kvt_cold_drain(e->cold); /* what was handed over settles before the tier closes */
   free(recs);
   free(ptrs);
   return NULL;

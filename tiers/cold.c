@@ -53,7 +53,7 @@ struct kvt_cold {
   kvt_io *wio;                 /* the writer's (flusher thread) */
   kvt_io *rio;                 /* synchronous reads, under rd_lock */
   kvt_io *sio;                 /* the committer's data syncs */
-  /* the write pipeline (see write_group): chunks built by the flusher,
+  /* the write pipeline (see post_chunks): chunks built by the flusher,
    * written by the writer thread, synced and indexed by the committer;
    * one lock and condition for both queues and the staging buffers */
   pthread_t writer, committer;
@@ -62,8 +62,8 @@ struct kvt_cold {
   pthread_cond_t cq_cv;
   struct chunk *wq_head, *wq_tail;        /* built, to be written */
   struct chunk *cq_head, *cq_tail;        /* written, to be synced and indexed */
-  struct chunk *cq_done;                  /* settled, newest first */
   size_t in_flight;                       /* chunks posted and not settled */
+  uint64_t pending_bytes;                 /* their records' bytes (st_lock) */
   /* Keys chosen for removal whose removal has not committed: found by
    * nobody (kvt_cold_find, kvt_cold_prefix), so no caller is told a block
    * is durable that is about to go. Added before keep() is asked. */
@@ -451,7 +451,8 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
 
 void kvt_cold_close(kvt_cold *c) {
   if (!c) return;
-  committer_stop(c); /* idle: every write_group waited for its chunks */
+  if (c->committer_on) kvt_cold_drain(c); /* what was posted settles first */
+  committer_stop(c);
   reader_stop(c);
   evict_stop(c);
   for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
@@ -806,18 +807,22 @@ static void add_touched(uint32_t *touched, size_t *n, uint32_t id) {
 
 /* ---------- the write pipeline ----------
  *
- * A call of write_group cuts its records into chunks of at most
- * cfg.group_bytes, and each chunk goes through three threads in turn:
+ * post_chunks cuts records into chunks of at most cfg.group_bytes, and
+ * each chunk goes through three threads in turn:
  *   the flusher (the caller) places it and builds its records in one of
  *     two staging buffers;
  *   the writer thread writes it (wio);
- *   the committer thread fdatasyncs the segments it touched (sio) and
- *     commits its index entries (commit_group).
+ *   the committer thread fdatasyncs the segments it touched (sio),
+ *     commits its index entries (commit_group), and tells the caller
+ *     (settled) whether its records are durable.
  * Each stage takes chunks in order, so while chunk k is being written,
  * chunk k+1 is built and chunk k-1 is synced and indexed. The durability
  * order of every chunk is as before: written, synced, then indexed. Once
  * a chunk fails, no later chunk is indexed (their pages are skipped
- * forever). write_group returns when every chunk it posted is settled. */
+ * forever) until the pipeline has drained. post_chunks returns once its
+ * chunks are built: the records' bytes are in the staging buffers, and
+ * the caller's next records are built while these are written. Whatever
+ * needs the segment table to hold still (reclaiming) drains first. */
 
 typedef struct chunk {
   placed *pl;
@@ -831,9 +836,21 @@ typedef struct chunk {
   kvt_cold_settled_fn settled; /* told of [from, upto) when it commits */
   void *settled_arg;
   const victim *vic;
+  uint64_t bytes;             /* of its records, in pending_bytes until settled */
   int rc;
+  int inherited;              /* rc is an earlier chunk's failure */
   struct chunk *next;
 } chunk;
+
+static void evict_track(kvt_cold *c, const placed *pl, size_t n);
+
+/* The chunk's records are settled: indexed or never to be. */
+static void pending_less(kvt_cold *c, chunk *k) {
+  pthread_mutex_lock(&c->st_lock);
+  c->pending_bytes -= k->bytes;
+  pthread_mutex_unlock(&c->st_lock);
+  k->bytes = 0;
+}
 
 static void chunk_free(chunk *k) {
   if (!k) return;
@@ -873,6 +890,12 @@ static int stage_get(kvt_cold *c) {
   return i;
 }
 
+void kvt_cold_wait_stage(kvt_cold *c) {
+  pthread_mutex_lock(&c->cq_lock);
+  while (c->stage_busy[0] && c->stage_busy[1]) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
+  pthread_mutex_unlock(&c->cq_lock);
+}
+
 /* With cq_lock held. */
 static void stage_put(kvt_cold *c, chunk *k) {
   if (k->buf < 0) return;
@@ -899,6 +922,7 @@ static int chunk_commit(kvt_cold *c, chunk *k) {
     for (size_t i = 0; i < k->np; i++) c->st.bytes_written += k->pl[i].e.rec_len;
   }
   pthread_mutex_unlock(&c->st_lock);
+  if (!rc && !k->vic) evict_track(c, k->pl, k->np); /* relocated ones keep their place */
   return rc;
 }
 
@@ -911,6 +935,7 @@ static void *writer_main(void *arg) {
     chunk *k = q_pop(&c->wq_head, &c->wq_tail);
     int failed = c->cq_failed;
     pthread_mutex_unlock(&c->cq_lock);
+    k->inherited = failed != 0;
     k->rc = failed ? failed : k->nw ? kvt_io_run(c->wio, k->w, k->nw) : 0;
     pthread_mutex_lock(&c->cq_lock);
     stage_put(c, k);
@@ -931,12 +956,24 @@ static void *committer_main(void *arg) {
     chunk *k = q_pop(&c->cq_head, &c->cq_tail);
     int failed = c->cq_failed;
     pthread_mutex_unlock(&c->cq_lock);
-    if (!k->rc) k->rc = failed ? failed : chunk_commit(c, k);
-    if (!k->rc && k->settled && k->upto > k->from) k->settled(k->settled_arg, k->from, k->upto);
+    if (!k->rc) {
+      k->inherited = failed != 0;
+      k->rc = failed ? failed : chunk_commit(c, k);
+    }
+    if (k->rc && !k->inherited) { /* counted once, where it happened */
+      pthread_mutex_lock(&c->st_lock);
+      c->st.write_failures++;
+      pthread_mutex_unlock(&c->st_lock);
+    }
+    pending_less(c, k); /* indexed (live now) or never to be */
+    if (k->rc) { /* before telling: what the caller posts next must see it */
+      pthread_mutex_lock(&c->cq_lock);
+      if (!c->cq_failed) c->cq_failed = k->rc;
+      pthread_mutex_unlock(&c->cq_lock);
+    }
+    if (k->settled && k->upto > k->from) k->settled(k->settled_arg, k->from, k->upto, k->rc);
     pthread_mutex_lock(&c->cq_lock);
-    if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
-    k->next = c->cq_done;
-    c->cq_done = k;
+    chunk_free(k);
     c->in_flight--;
     pthread_cond_broadcast(&c->cq_cv);
   }
@@ -953,7 +990,7 @@ static int committer_start(kvt_cold *c) {
   return rc;
 }
 
-/* Both threads are idle by now: every write_group waited for its chunks. */
+/* Both threads are idle by now: kvt_cold_close drained the pipeline. */
 static void committer_stop(kvt_cold *c) {
   if (!c->writer_on && !c->committer_on) return;
   pthread_mutex_lock(&c->cq_lock);
@@ -963,6 +1000,27 @@ static void committer_stop(kvt_cold *c) {
   if (c->writer_on) pthread_join(c->writer, NULL);
   if (c->committer_on) pthread_join(c->committer, NULL);
   c->writer_on = c->committer_on = 0;
+}
+
+/* Staging buffer buf (held) can take need bytes. Sized for a whole group
+ * the first time, and the other one too while it is free: grown (and its
+ * pages touched) once, not chunk by chunk on the write path. */
+static int stage_ensure(kvt_cold *c, int buf, size_t need) {
+  size_t want = need > c->cfg.group_bytes ? need : c->cfg.group_bytes;
+  if (c->stage_cap[buf] >= need) return 0;
+  int rc = ensure(c, &c->stage[buf], &c->stage_cap[buf], want);
+  pthread_mutex_lock(&c->cq_lock);
+  int other = !c->stage_busy[!buf];
+  if (other) c->stage_busy[!buf] = 1;
+  pthread_mutex_unlock(&c->cq_lock);
+  if (other) {
+    if (!rc && c->stage_cap[!buf] < want) rc = ensure(c, &c->stage[!buf], &c->stage_cap[!buf], want);
+    pthread_mutex_lock(&c->cq_lock);
+    c->stage_busy[!buf] = 0;
+    pthread_cond_broadcast(&c->cq_cv);
+    pthread_mutex_unlock(&c->cq_lock);
+  }
+  return rc;
 }
 
 /* Place and build records from recs[0] on, up to group_bytes of them (at
@@ -996,7 +1054,7 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     k->vic = vic;
     if (!k->pl || !k->sl || !k->touched) rc = -ENOMEM;
   }
-  if (!rc) rc = ensure(c, &c->stage[buf], &c->stage_cap[buf], stage_need);
+  if (!rc) rc = stage_ensure(c, buf, stage_need);
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
   uint8_t *stage = c->stage[buf];
   MDB_txn *rt = NULL;
@@ -1036,7 +1094,9 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     p->e.offset = p->off;
     pthread_mutex_lock(&c->st_lock); /* the committer saves segment rows */
     s->used += len;
+    c->pending_bytes += len;
     pthread_mutex_unlock(&c->st_lock);
+    k->bytes += len;
     stage_off += staged;
     n_parts += recs[i].n_layers + 1;
     add_touched(k->touched, &k->n_touched, (uint32_t)id);
@@ -1065,7 +1125,10 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     }
   }
   if (rc || (np == 0 && k->n_touched == 0)) {
-    if (k) k->buf = -1;
+    if (k) {
+      k->buf = -1;
+      pending_less(c, k);
+    }
     chunk_free(k);
     pthread_mutex_lock(&c->cq_lock);
     c->stage_busy[buf] = 0;
@@ -1087,59 +1150,48 @@ static void chunk_post(kvt_cold *c, chunk *k) {
   pthread_mutex_unlock(&c->cq_lock);
 }
 
-/* Wait until every chunk posted is settled; *done: records settled by the
- * leading chunks that committed; returns the first failure. The failure
- * flag is cleared for the next call. */
-static int chunks_wait(kvt_cold *c, size_t *done) {
+int kvt_cold_drain(kvt_cold *c) {
+  if (!c->committer_on) return 0;
   pthread_mutex_lock(&c->cq_lock);
   while (c->in_flight) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
-  chunk *list = c->cq_done;
-  c->cq_done = NULL;
+  int rc = c->cq_failed;
   c->cq_failed = 0;
   pthread_mutex_unlock(&c->cq_lock);
-  chunk *rev = NULL; /* oldest first */
-  while (list) {
-    chunk *nx = list->next;
-    list->next = rev;
-    rev = list;
-    list = nx;
-  }
-  int rc = 0;
-  for (chunk *k = rev; k;) {
-    chunk *nx = k->next;
-    if (!rc && k->rc) rc = k->rc;
-    if (!rc) *done = k->upto;
-    chunk_free(k);
-    k = nx;
-  }
   return rc;
 }
 
-/* Write records as groups of at most group_bytes: placed in order,
- * written, synced, then indexed (the pipeline above). New records (vic
- * NULL) skip keys already indexed and leave one spare segment for
- * relocations; relocated ones (from segment vic) may use it. *written:
- * the leading records now indexed. */
-static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
-                       size_t *written, kvt_cold_settled_fn settled, void *arg) {
-  if (written) *written = 0;
-  if (n == 0) return 0;
-  size_t at = 0, done = 0, told = 0; /* told: records posted or settled so far */
+/* Build and post records as chunks of at most group_bytes, placed in
+ * order (the pipeline above). New records (vic NULL) skip keys already
+ * indexed and leave one spare segment for relocations; relocated ones
+ * (from segment vic) may use it. Every record of recs[0..*posted) will be
+ * told of through settled, in order; the rest were not written. Returns 0
+ * when all were posted; KVT_EFULL (no room for recs[*posted]) or an error
+ * from building. After a failure the pipeline drains before going on. */
+static int post_chunks(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       size_t *posted, kvt_cold_settled_fn settled, void *arg) {
+  *posted = 0;
+  pthread_mutex_lock(&c->cq_lock);
+  int failed = c->cq_failed;
+  pthread_mutex_unlock(&c->cq_lock);
+  if (failed) kvt_cold_drain(c); /* told to its callers already: start afresh */
+  size_t at = 0, told = 0; /* told: records posted or settled so far */
   int rc = 0, full = 0;
   while (at < n && !rc && !full) {
     pthread_mutex_lock(&c->cq_lock);
-    int failed = c->cq_failed; /* the rest would not be committed */
-    int idle = c->in_flight == 0;
+    failed = c->cq_failed; /* the rest would not be indexed: not posted */
     pthread_mutex_unlock(&c->cq_lock);
     if (failed) break;
     chunk *k;
     size_t used;
     rc = chunk_build(c, recs + at, n - at, vic, stage_get(c), &k, &used, &full);
-    at += used;
     if (rc) break;
-    if (!k && idle) { /* nothing to write: settled already */
-      if (settled && at > told) settled(arg, told, at);
-      done = told = at;
+    at += used;
+    pthread_mutex_lock(&c->cq_lock);
+    int idle = c->in_flight == 0 && !c->cq_failed;
+    pthread_mutex_unlock(&c->cq_lock);
+    if (!k && idle) { /* nothing to write, nothing before it: settled already */
+      if (settled && at > told) settled(arg, told, at, 0);
+      told = at;
       continue;
     }
     if (!k && !(k = calloc(1, sizeof *k))) { /* settles once what came before does */
@@ -1153,16 +1205,40 @@ static int write_group(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     k->settled_arg = arg;
     chunk_post(c, k);
   }
-  size_t indexed = done;
-  int crc = chunks_wait(c, &indexed);
-  if (!rc) rc = crc;
-  if (!rc && indexed < n) rc = KVT_EFULL; /* a group not written in full */
+  *posted = told;
+  if (!rc && full) rc = KVT_EFULL;
   if (rc) {
     pthread_mutex_lock(&c->st_lock);
     c->st.write_failures++;
     pthread_mutex_unlock(&c->st_lock);
   }
-  if (written) *written = indexed;
+  return rc;
+}
+
+/* A synchronous write: post, then wait until all of it settled. */
+typedef struct sync_count {
+  kvt_cold_settled_fn settled;
+  void *arg;
+  size_t indexed;             /* leading records indexed */
+  int rc;                     /* the first failure told */
+} sync_count;
+
+static void sync_settled(void *arg, size_t from, size_t to, int rc) {
+  sync_count *sc = arg;
+  if (!rc && from == sc->indexed) sc->indexed = to;
+  if (rc && !sc->rc) sc->rc = rc;
+  if (sc->settled) sc->settled(sc->arg, from, to, rc);
+}
+
+static int write_sync(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                      size_t *written) {
+  sync_count sc = {0};
+  size_t posted;
+  int rc = post_chunks(c, recs, n, vic, &posted, sync_settled, &sc);
+  int drc = kvt_cold_drain(c);
+  if (!rc) rc = sc.rc ? sc.rc : drc;
+  if (!rc && sc.indexed < n) rc = KVT_EFULL;
+  if (written) *written = sc.indexed;
   return rc;
 }
 
@@ -1786,7 +1862,7 @@ static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entr
     kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
     if (!cr) return -ENOMEM;
     for (size_t i = 0; i < n_cy; i++) cr[i] = cy[i].rec;
-    rc = write_group(c, cr, n_cy, vic, NULL, NULL, NULL);
+    rc = write_sync(c, cr, n_cy, vic, NULL);
     free(cr);
     if (rc) return rc == KVT_EFULL ? 0 : rc;
   }
@@ -1906,29 +1982,40 @@ static int64_t reclaim_one(kvt_cold *c) {
   return (int64_t)(c->cfg.segment_bytes - kept);
 }
 
-int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
-  return kvt_cold_write_cb(c, recs, n, written, NULL, NULL);
-}
-
-int kvt_cold_write_cb(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written,
-                      kvt_cold_settled_fn settled, void *arg) {
-  if (written) *written = 0;
-  if (c->cfg.rdonly) return KVT_ERDONLY;
-  if (n == 0) return 0;
+/* Make room for records recs[0..n) one segment at a time, while
+ * reclaiming helps (at most every segment once), keeping one spare
+ * segment for relocations. Reclaiming needs the pipeline drained. */
+static int make_room(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
   uint64_t *sizes = malloc(n * sizeof *sizes);
   if (!sizes) return -ENOMEM;
   for (size_t i = 0; i < n; i++) sizes[i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
   int rc = 0;
-  /* Make room one segment at a time, while reclaiming helps (at most
-   * every segment once), keeping one spare segment for relocations. */
   for (uint32_t round = 0; !rc && round <= c->n_segs; round++) {
     if (fits(c, sizes, n, 1)) break;
+    kvt_cold_drain(c); /* a failure in it was told to its caller */
     int64_t r = reclaim_one(c);
     if (r <= 0) rc = (int)r;
     if (r == 0) break;
   }
   free(sizes);
-  return rc ? rc : write_group(c, recs, n, NULL, written, settled, arg);
+  return rc;
+}
+
+int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written) {
+  if (written) *written = 0;
+  if (c->cfg.rdonly) return KVT_ERDONLY;
+  if (n == 0) return 0;
+  int rc = make_room(c, recs, n);
+  return rc ? rc : write_sync(c, recs, n, NULL, written);
+}
+
+int kvt_cold_post(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *posted,
+                  kvt_cold_settled_fn settled, void *arg) {
+  *posted = 0;
+  if (c->cfg.rdonly) return KVT_ERDONLY;
+  if (n == 0) return 0;
+  int rc = make_room(c, recs, n);
+  return rc ? rc : post_chunks(c, recs, n, NULL, posted, settled, arg);
 }
 
 /* ---------- asynchronous reads ---------- */
@@ -2124,7 +2211,8 @@ void kvt_cold_read_wait(kvt_cold_batch *b) {
 /* ---------- eviction order (tiers/evict.h) ----------
  * The index knows where blocks are; evict.c knows which to give up first.
  * It tracks every indexed block of a writer (key, parent, record size):
- * loaded from the index at open, told of new records by kvt_cold_track(),
+ * loaded from the index at open, told of new records by the committer as
+ * they are indexed (evict_track),
  * of uses by kvt_cold_find() and kvt_cold_prefix(), of removals by
  * remove_in(). Records that reclaiming a segment relocates (still
  * referenced) keep their key and their place in it. ev_lock is a leaf
@@ -2169,18 +2257,13 @@ static void evict_forget(kvt_cold *c, const kvt_key *key) {
   pthread_mutex_unlock(&c->ev_lock);
 }
 
-void kvt_cold_track(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
-  if (!c->ev || n == 0) return;
-  MDB_txn *t;
-  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return;
-  for (size_t i = 0; i < n; i++) {
-    kvt_cold_entry e;
-    if (find_locked(c, t, &recs[i].key, &e, NULL, 0)) continue; /* not written */
-    pthread_mutex_lock(&c->ev_lock);
-    kvt_evict_add(c->ev, &e.key, &e.parent, e.rec_len); /* -ENOMEM: untracked, reclaimable */
-    pthread_mutex_unlock(&c->ev_lock);
-  }
-  mdb_txn_abort(t);
+/* Records a chunk has just indexed join the order (committer thread). */
+static void evict_track(kvt_cold *c, const placed *pl, size_t n) {
+  if (!c->ev) return;
+  pthread_mutex_lock(&c->ev_lock);
+  for (size_t i = 0; i < n; i++) /* -ENOMEM: untracked, still reclaimable */
+    kvt_evict_add(c->ev, &pl[i].e.key, &pl[i].e.parent, pl[i].e.rec_len);
+  pthread_mutex_unlock(&c->ev_lock);
 }
 
 /* Keys found kept while choosing victims, so the order skips them:
@@ -2228,7 +2311,7 @@ int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
   uint64_t room = lim > 2 * segb ? lim - segb : lim / 2; /* a segment's slack for reclaiming */
   uint64_t target = need < room ? room - need : 0;
   pthread_mutex_lock(&c->st_lock);
-  uint64_t live = c->st.live_bytes;
+  uint64_t live = c->st.live_bytes + c->pending_bytes; /* posted records will be live */
   pthread_mutex_unlock(&c->st_lock);
   kept_set kept = {0};
   kvt_key *gone = NULL;

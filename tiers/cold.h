@@ -8,8 +8,9 @@
  * generation against the index and its XXH3-64 checksum: a mismatch is a
  * miss (counted), never wrong bytes. Formats: docs/format.md, "Cold tier".
  *
- * Threads: one writer thread (the engine's flusher) calls the write and
- * namespace functions; reads and lookups may come from any thread. */
+ * Threads: one writer thread (the engine's flusher) calls the write,
+ * drain and namespace functions; reads and lookups may come from any
+ * thread. */
 #ifndef KVT_COLD_H
 #define KVT_COLD_H
 
@@ -96,22 +97,36 @@ int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, cons
                                             size_t len),
                      void *arg);
 
-/* Write a group of records durably: append to segments, fdatasync, commit
- * the index. Records whose key is already indexed are skipped. *written
- * (may be NULL) receives how many leading records are now in the index
- * (written or there already). Writer thread.
- * Returns 0 (all of them); KVT_EFULL (the tier is full) or another error:
- * only the leading *written are. Records are written in groups of at most
- * group_bytes, the next group written while the one before is synced and
- * indexed by the committer thread. */
+/* Write records durably: append to segments, fdatasync, commit the
+ * index, in groups of at most group_bytes, the next group built while the
+ * one before is written and the one before that synced and indexed.
+ * Records whose key is already indexed are skipped. *written (may be
+ * NULL) receives how many leading records are now in the index (written
+ * or there already). Writer thread. Returns 0 (all of them); KVT_EFULL
+ * (the tier is full) or another error: only the leading *written are. */
 int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written);
-/* The same, telling settled(arg, from, to) as soon as records [from, to)
- * are in the index, group by group, in order, before it returns (from the
- * committer thread, or the caller's; with no cold-tier lock held).
- * Records not told of by the time it returns were not indexed. */
-typedef void (*kvt_cold_settled_fn)(void *arg, size_t from, size_t to);
-int kvt_cold_write_cb(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *written,
-                      kvt_cold_settled_fn settled, void *arg);
+
+/* The same without waiting: returns once the records are built into the
+ * pipeline (recs and the payloads it points to are not used after), so
+ * the caller's next records are built while these are written. Records
+ * recs[0..*posted) are told of through settled(arg, from, to, rc), in
+ * order, once each group is indexed (rc 0: durable) or has failed (rc
+ * the error; once one group fails, every later one posted before the next
+ * drain fails too); called from the committer thread, or the caller's,
+ * with no cold-tier lock held. The rest were not written: the return says
+ * why (KVT_EFULL: no room; another error). Writer thread. */
+typedef void (*kvt_cold_settled_fn)(void *arg, size_t from, size_t to, int rc);
+int kvt_cold_post(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *posted,
+                  kvt_cold_settled_fn settled, void *arg);
+/* Wait until the pipeline can take records to build (a staging buffer is
+ * free): what the caller hands over after this is built at once, so
+ * waiting here first lets a hand-over grow while the device is busy.
+ * Writer thread. */
+void kvt_cold_wait_stage(kvt_cold *c);
+/* Wait until everything posted has settled. Returns the first failure
+ * since the last drain (each also told through its settled), or 0.
+ * Writer thread; kvt_cold_close() drains too. */
+int kvt_cold_drain(kvt_cold *c);
 
 /* When the tier is full, kvt_cold_write() reclaims the segment with the
  * fewest live bytes: keep(arg, key) says which of its blocks must be
@@ -125,14 +140,14 @@ void kvt_cold_set_lost(kvt_cold *c, void (*lost)(void *arg, const kvt_key *key))
 
 /* The eviction order (tiers/evict.h) of a writer's blocks. Before a group
  * is written, kvt_cold_evict_for() invalidates blocks one by one in that
- * order - never one keep() says to keep - until the live records leave
- * room for need bytes and a segment's slack, durably (one transaction);
- * reclaiming segments by fewest live bytes then mostly frees what the
- * order chose. Returns how many it removed, or a negative error. After
- * kvt_cold_write(), kvt_cold_track() adds the records it indexed to the
- * order. Writer thread; keep() is called with no cold-tier lock held. */
+ * order - never one keep() says to keep - until the live records and
+ * those posted and not yet settled leave room for need bytes and a
+ * segment's slack, durably (one transaction); reclaiming segments by
+ * fewest live bytes then mostly frees what the order chose. Returns how
+ * many it removed, or a negative error. Records join the order as they
+ * are indexed. Writer thread; keep() is called with no cold-tier lock
+ * held. */
 int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need);
-void kvt_cold_track(kvt_cold *c, const kvt_cold_rec *recs, size_t n);
 
 /* Is key in the index? Fills e (may be NULL); a hit is a use for the
  * eviction order. 0 or KVT_ENOTFOUND. */
