@@ -75,7 +75,15 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
   e->fq_tail = tb;
   e->enqueued++;
   e->st.cold_queued++;
+  kvt_cold_backlog(e);
   pthread_cond_signal(&e->work);
+}
+
+/* With the lock held: is there work behind what the flusher hands over
+ * (blocks queued, or a thread waiting for RAM that writing frees)? The
+ * cold tier compresses only while writing keeps up (kvt_cold_set_backlog). */
+void kvt_cold_backlog(kvt_engine *e) {
+  __atomic_store_n(&e->cold_backlog, e->fq_head != NULL || e->room_waiters > 0, __ATOMIC_RELAXED);
 }
 
 int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
@@ -112,6 +120,7 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
     e->st.cold_queued--;
   }
   if (!e->fq_head) e->fq_tail = NULL;
+  kvt_cold_backlog(e);
   return n;
 }
 
@@ -315,6 +324,7 @@ int kvt_cold_start(kvt_engine *e, const char *dir) {
   if (rc || kvt_rdonly(e)) return rc;
   kvt_cold_set_keep(e->cold, keep_block, e);
   kvt_cold_set_lost(e->cold, lost_block);
+  kvt_cold_set_backlog(e->cold, &e->cold_backlog);
   pthread_cond_init(&e->work, NULL);
   pthread_cond_init(&e->flushed, NULL);
   rc = -pthread_create(&e->flusher, NULL, flusher_main, e);

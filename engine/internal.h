@@ -107,6 +107,8 @@ struct kvt_engine {
   kvt_tblk *fq_head, *fq_tail;
   uint64_t enqueued, completed; /* token blocks ever queued / finished */
   int cold_err;               /* first failure since the last kvt_sync */
+  uint32_t room_waiters;      /* threads waiting for the flusher to free RAM */
+  int cold_backlog;           /* atomic: blocks queued or room awaited (kvt_cold_backlog) */
   /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
   kvt_cold_meta *mcold;
 };
@@ -159,6 +161,7 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
 int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
 int kvt_cold_pending(const kvt_engine *e);
+void kvt_cold_backlog(kvt_engine *e);
 static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
 /* A cold tier that durable blocks may leave RAM for: on disk, or metadata-only. */
 static inline int kvt_cold_any(const kvt_engine *e) { return kvt_cold_on(e) || e->mcold != NULL; }

@@ -196,8 +196,9 @@ typedef struct kvt_options {
                                        appended as prompt (see kvt_seq_output()) */
   uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all);
                                        both rules must say yes */
-  uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16 (0: off;
-                                       it costs half the write throughput here for ~14%) */
+  uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16, only
+                                       while writing keeps up (0: off; on f16 KV it saves
+                                       ~4-12% of the disk, and reads decode slower) */
   uint32_t io_backend;            /**< KVT_BACKEND_* (AUTO) */
   uint32_t io_depth;              /**< queue depth, 1 .. 4096 (64) */
   kvt_test_fault test_fault;      /**< testing: I/O faults in the cold tier */

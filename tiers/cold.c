@@ -90,6 +90,12 @@ struct kvt_cold {
   uint32_t n_segs, max_segs;
   int active;                  /* segment being appended, or -1 */
   ZSTD_CCtx *cctx;             /* writer */
+  ZSTD_DCtx *dctx_sync;        /* synchronous reads' (dz_lock), made when first needed */
+  ZSTD_DCtx *dctx_async;       /* the reader thread's */
+  pthread_mutex_t dz_lock;
+  int writer_waiting;          /* the writer thread has nothing to write (atomic) */
+  const int *backlog;          /* the caller's: work waits behind this post (atomic) */
+  int post_more;               /* records of this post come after the chunk being built */
   uint8_t *plane;              /* writer's scratch for one byte plane */
   size_t plane_cap;
   kvt_cold_stats st;
@@ -421,10 +427,12 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   c->cfg.dir = c->dir;
   c->active = -1;
   c->max_segs = MAX_SEGS;
+  c->writer_waiting = 1; /* until the writer thread has something */
   pthread_mutex_init(&c->rd_lock, NULL);
   pthread_mutex_init(&c->st_lock, NULL);
   pthread_mutex_init(&c->cq_lock, NULL);
   pthread_mutex_init(&c->gone_lock, NULL);
+  pthread_mutex_init(&c->dz_lock, NULL);
   pthread_cond_init(&c->cq_cv, NULL);
   c->segs = kvt_mem_calloc(m, KVT_MEM_OTHER, c->max_segs * sizeof *c->segs);
   if (!c->segs) rc = -ENOMEM;
@@ -434,6 +442,7 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->sio);
   if (!rc && !cfg->rdonly && !(c->cctx = ZSTD_createCCtx())) rc = -ENOMEM;
   if (!rc) rc = kvt_io_create(&cfg->io, &c->aio);
+  if (!rc && !(c->dctx_async = ZSTD_createDCtx())) rc = -ENOMEM;
   if (!rc) rc = open_env(c);
   if (!rc) rc = open_dbs(c);
   if (!rc) rc = reader_start(c);
@@ -466,6 +475,9 @@ void kvt_cold_close(kvt_cold *c) {
   kvt_io_destroy(c->rio);
   kvt_io_destroy(c->aio);
   ZSTD_freeCCtx(c->cctx);
+  ZSTD_freeDCtx(c->dctx_sync);
+  ZSTD_freeDCtx(c->dctx_async);
+  pthread_mutex_destroy(&c->dz_lock);
   kvt_io_buf_free(c->stage[0]);
   kvt_io_buf_free(c->stage[1]);
   kvt_io_buf_free(c->plane);
@@ -549,13 +561,34 @@ static int ensure(kvt_cold *c, uint8_t **buf, size_t *cap, size_t need) {
   return 0;
 }
 
+/* Byte plane p of the n elements (esize bytes each) at raw. */
+static void plane_split(const uint8_t *raw, size_t n, uint32_t esize, uint32_t p, uint8_t *out) {
+  if (esize == 2) {
+    const uint16_t *w = (const uint16_t *)(const void *)raw;
+    for (size_t i = 0; i < n; i++) out[i] = (uint8_t)(w[i] >> 8 * p);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) out[i] = raw[i * esize + p];
+}
+
+void kvt_cold_set_backlog(kvt_cold *c, const int *flag) { c->backlog = flag; }
+
+/* Would compressing now slow writing down? The writer thread waits for
+ * the chunk being built while more work waits behind it. */
+static int starved(kvt_cold *c) {
+  if (!__atomic_load_n(&c->writer_waiting, __ATOMIC_RELAXED)) return 0;
+  return c->post_more || (c->backlog && __atomic_load_n(c->backlog, __ATOMIC_RELAXED));
+}
+
 /* Payload of one layer slice: raw K||V, or byte planes each zstd-compressed
  * when that saves at least 1/16 (a plane is tried on its first 4 KiB first,
- * so incompressible low-order bytes cost almost nothing). Returns the
- * payload length written at dst; *codec says which. */
+ * so incompressible low-order bytes cost almost nothing). Not while the
+ * writer starves (starved()): compressing would then make the tier slower
+ * than writing raw, so the slice goes raw. Returns the payload length
+ * written at dst; *codec says which. */
 static size_t build_payload(kvt_cold *c, const uint8_t *raw, size_t raw_len, uint32_t esize,
                             uint8_t *dst, uint8_t *codec) {
-  if (!c->cfg.compress || esize < 2) {
+  if (!c->cfg.compress || esize < 2 || starved(c)) {
     memcpy(dst, raw, raw_len);
     *codec = KVT_COLD_CODEC_RAW;
     return raw_len;
@@ -565,7 +598,7 @@ static size_t build_payload(kvt_cold *c, const uint8_t *raw, size_t raw_len, uin
   put32(dst + 4, (uint32_t)n);
   for (uint32_t p = 0; p < esize; p++) {
     uint8_t *pl = c->plane;
-    for (size_t i = 0; i < n; i++) pl[i] = raw[i * esize + p];
+    plane_split(raw, n, esize, p, pl);
     size_t probe = n < 4096 ? n : 4096, z = 0;
     size_t zt = ZSTD_compressCCtx(c->cctx, pl + n, ZSTD_compressBound(4096), pl, probe,
                                   c->cfg.zstd_level);
@@ -930,8 +963,10 @@ static void *writer_main(void *arg) {
   kvt_cold *c = arg;
   pthread_mutex_lock(&c->cq_lock);
   for (;;) {
+    if (!c->wq_head) __atomic_store_n(&c->writer_waiting, 1, __ATOMIC_RELAXED);
     while (!c->wq_head && !c->cq_stop) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
     if (!c->wq_head) break;
+    __atomic_store_n(&c->writer_waiting, 0, __ATOMIC_RELAXED);
     chunk *k = q_pop(&c->wq_head, &c->wq_tail);
     int failed = c->cq_failed;
     pthread_mutex_unlock(&c->cq_lock);
@@ -1043,6 +1078,7 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     if (pn > plane_need) plane_need = pn;
     m++;
   }
+  c->post_more = m < n;
   chunk *k = calloc(1, sizeof *k);
   uint32_t *sealed = calloc(m + 1, sizeof *sealed);
   int rc = k && sealed ? 0 : -ENOMEM;
@@ -1386,9 +1422,30 @@ static int slice_ok(const uint8_t *p, const kvt_cold_entry *e, uint32_t layer, c
   return kvt_hash64(p, s->stored_len, slice_seed(&e->key, layer, e->seg_gen)) == s->checksum;
 }
 
-/* Decode a checked payload into K||V split across k_out and v_out. */
-static int decode_payload(const uint8_t *p, const kvt_cold_slice *s, uint32_t esize, void *k_out,
-                          void *v_out, size_t each) {
+/* Put byte plane p (n elements of esize bytes) back into K||V, K being
+ * the first `each` bytes. */
+static void plane_join(const uint8_t *pl, size_t n, uint32_t esize, uint32_t p, uint8_t *k,
+                       uint8_t *v, size_t each) {
+  size_t nk = each / esize;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *dst = i < nk ? k + i * esize : v + (i - nk) * esize;
+    dst[p] = pl[i];
+  }
+}
+
+/* Both planes of f16 at once: K and V element by element. */
+static void planes_join2(const uint8_t *lo, const uint8_t *hi, size_t n, uint8_t *k, uint8_t *v,
+                         size_t each) {
+  size_t nk = each / 2;
+  uint16_t *kw = (uint16_t *)(void *)k, *vw = (uint16_t *)(void *)v;
+  for (size_t i = 0; i < nk; i++) kw[i] = (uint16_t)(lo[i] | hi[i] << 8);
+  for (size_t i = nk; i < n; i++) vw[i - nk] = (uint16_t)(lo[i] | hi[i] << 8);
+}
+
+/* Decode a checked payload into K||V split across k_out and v_out; dz
+ * decompresses (one thread at a time). */
+static int decode_payload(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s, uint32_t esize,
+                          void *k_out, void *v_out, size_t each) {
   if (s->raw_len != 2 * each) return KVT_ECORRUPT;
   if (s->codec == KVT_COLD_CODEC_RAW) {
     if (s->stored_len != s->raw_len) return KVT_ECORRUPT;
@@ -1397,30 +1454,39 @@ static int decode_payload(const uint8_t *p, const kvt_cold_slice *s, uint32_t es
     return 0;
   }
   if (s->codec != KVT_COLD_CODEC_PLANES || s->stored_len < planes_overhead(esize) ||
-      get32(p) != esize || (uint64_t)get32(p + 4) * esize != s->raw_len)
+      get32(p) != esize || (uint64_t)get32(p + 4) * esize != s->raw_len || each % esize)
     return KVT_ECORRUPT;
   size_t n = get32(p + 4), off = planes_overhead(esize);
-  uint8_t *plane = malloc(n), *raw = malloc(2 * each);
-  int rc = (!plane || !raw) ? -ENOMEM : 0;
+  uint8_t *planes = malloc(esize == 2 ? 2 * n : n); /* f16: both planes, joined at once */
+  int rc = planes ? 0 : -ENOMEM;
   for (uint32_t pi = 0; !rc && pi < esize; pi++) {
     const uint8_t *ph = p + 8 + 8 * pi;
     size_t len = get32(ph);
+    uint8_t *plane = esize == 2 ? planes + pi * n : planes;
     if (off + len > s->stored_len || ph[4] > 1) {
       rc = KVT_ECORRUPT;
       break;
     }
     if (ph[4] == 0 && len == n) memcpy(plane, p + off, n);
-    else if (ph[4] != 1 || ZSTD_decompress(plane, n, p + off, len) != n) rc = KVT_ECORRUPT;
-    for (size_t i = 0; !rc && i < n; i++) raw[i * esize + pi] = plane[i];
+    else if (ph[4] != 1 || !dz || ZSTD_decompressDCtx(dz, plane, n, p + off, len) != n)
+      rc = dz ? KVT_ECORRUPT : -ENOMEM;
+    if (!rc && esize != 2) plane_join(plane, n, esize, pi, k_out, v_out, each);
     off += len;
   }
   if (!rc && off != s->stored_len) rc = KVT_ECORRUPT;
-  if (!rc) {
-    memcpy(k_out, raw, each);
-    memcpy(v_out, raw + each, each);
-  }
-  free(plane);
-  free(raw);
+  if (!rc && esize == 2) planes_join2(planes, planes + n, n, k_out, v_out, each);
+  free(planes);
+  return rc;
+}
+
+/* decode_payload for a synchronous read (any thread). */
+static int decode_sync(kvt_cold *c, const uint8_t *p, const kvt_cold_slice *s, uint32_t esize,
+                       void *k_out, void *v_out, size_t each) {
+  if (s->codec == KVT_COLD_CODEC_RAW) return decode_payload(NULL, p, s, esize, k_out, v_out, each);
+  pthread_mutex_lock(&c->dz_lock);
+  if (!c->dctx_sync) c->dctx_sync = ZSTD_createDCtx();
+  int rc = decode_payload(c->dctx_sync, p, s, esize, k_out, v_out, each);
+  pthread_mutex_unlock(&c->dz_lock);
   return rc;
 }
 
@@ -1481,8 +1547,8 @@ static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void
   if (s.rel_off + (uint64_t)len > e.rec_len) rc = KVT_ECORRUPT;
   else rc = read_range(c, e.seg, e.offset + s.rel_off, len, &buf);
   if (!rc && !slice_ok(buf, &e, layer, &s)) rc = KVT_ECORRUPT;
-  if (!rc) rc = decode_payload(buf, &s, (uint32_t)kvt_dtype_size(e.dtype), k_out, v_out,
-                               bytes_each);
+  if (!rc) rc = decode_sync(c, buf, &s, (uint32_t)kvt_dtype_size(e.dtype), k_out, v_out,
+                            bytes_each);
   kvt_io_buf_free(buf);
   if (rc == KVT_ECORRUPT) rc = final ? bad_or_moved(c, key, &e) : 1;
   pthread_mutex_lock(&c->st_lock);
@@ -1849,7 +1915,7 @@ static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n
   return rc;
 }
 
-/* Relocate the carried records out of segment vic (write_group), then
+/* Relocate the carried records out of segment vic (write_sync), then
  * remove what is left of vic from the index and free it, in one durable
  * transaction. A block is never out of the index while it is still
  * referenced: a kill at any point leaves it at its old place or its new
@@ -2071,7 +2137,7 @@ static void read_finish(kvt_cold *c, inflight *f) {
   kvt_cold_read *r = f->r;
   int rc = f->io.res < 0 ? f->io.res : (uint32_t)f->io.res < f->io.len ? KVT_ECORRUPT : 0;
   if (!rc && !slice_ok(f->buf, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
-  if (!rc) rc = decode_payload(f->buf, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
+  if (!rc) rc = decode_payload(c->dctx_async, f->buf, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
                                r->k_out, r->v_out, r->bytes_each);
   if (rc == KVT_ECORRUPT) { /* bad: removed; moved meanwhile: a miss (not read again here) */
     rc = bad_or_moved(c, &r->key, &f->e);

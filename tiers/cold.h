@@ -123,6 +123,13 @@ int kvt_cold_post(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *poste
  * waiting here first lets a hand-over grow while the device is busy.
  * Writer thread. */
 void kvt_cold_wait_stage(kvt_cold *c);
+/* *flag (read atomically; may be NULL) is non-zero while the writer's
+ * caller has work behind what it posted. With cfg.compress, slices are
+ * compressed only while writing keeps up: when the writer thread waits
+ * for the chunk being built and work waits behind it (later records of
+ * the same post, or *flag), the rest of the chunk is stored raw. */
+void kvt_cold_set_backlog(kvt_cold *c, const int *flag);
+
 /* Wait until everything posted has settled. Returns the first failure
  * since the last drain (each also told through its settled), or 0.
  * Writer thread; kvt_cold_close() drains too. */
