@@ -264,6 +264,7 @@ run usage_stat 2 stat && expect "stat without DIR: exit 2" has usage_stat err "w
 run usage_fsck 2 fsck && expect "fsck without DIR: exit 2" has usage_fsck err "which store"
 usage_error stat_opt --bogus stat "$DEMO" --bogus
 usage_error cold_mib --mib bench cold --mib 1
+usage_error cold_tokens --block-tokens bench cold --block-tokens 65
 run stat_missing 1 stat "$TMP/no-such-store" \
   && expect "stat of a missing store: exit 1, the call named" has stat_missing err "opening"
 run fsck_missing 2 fsck "$TMP/no-such-store"
@@ -331,8 +332,9 @@ if run cold 0 bench cold --mib 64 --rounds 2 --samples 50 --json; then
   json_check cold '
 for k in ("write_gbps", "raw_write_gbps", "file_per_block_gbps", "read_gbps", "raw_read_gbps",
           "write_vs_raw", "read_vs_raw", "write_vs_file_per_block", "rand_read_p50_us",
-          "rand_read_p99_us", "rand_read_qd32_gbps"):
+          "rand_read_p99_us", "rand_read_qd32_gbps", "raw_vs_file_per_block"):
     assert isinstance(d[k], (int, float)) and d[k] > 0, k
+assert d["block_tokens"] == 16 and d["token_block_bytes"] == 32 * d["layer_block_bytes"]
 assert d["rand_read_p99_us"] >= d["rand_read_p50_us"]
 assert d["bytes"] >= 64 << 20 and d["rounds"] == 2 and isinstance(d["compression"], bool)
 assert d["io_backend"] != "" and d["io_why"] != ""
