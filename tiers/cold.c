@@ -543,9 +543,19 @@ static uint32_t header_len(uint32_t n_layers) {
 
 static uint32_t planes_overhead(uint32_t esize) { return 8 + 8 * esize; }
 
+/* A slice on disk, at most. Byte planes are kept only when they save at
+ * least 1/16 of the raw size (build_payload), which outweighs their
+ * header once the raw size reaches 16 headers: from there a slice is
+ * never longer than raw. Building planes may run a header's bytes past
+ * that before the choice is made (STAGE_SLACK). */
+static uint64_t slice_max(uint32_t bytes_each) {
+  uint64_t raw = 2 * (uint64_t)bytes_each, oh = planes_overhead(8);
+  return align4k(raw >= 16 * oh ? raw : raw + oh);
+}
+#define STAGE_SLACK 4096u
+
 uint64_t kvt_cold_record_max(uint32_t n_layers, uint32_t bytes_each) {
-  uint64_t slice = align4k(2 * (uint64_t)bytes_each + planes_overhead(4));
-  return header_len(n_layers) + (uint64_t)n_layers * slice;
+  return header_len(n_layers) + (uint64_t)n_layers * slice_max(bytes_each);
 }
 
 /* Grow a writer buffer; its bytes are counted like every other. */
@@ -1090,7 +1100,7 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     k->vic = vic;
     if (!k->pl || !k->sl || !k->touched) rc = -ENOMEM;
   }
-  if (!rc) rc = stage_ensure(c, buf, stage_need);
+  if (!rc) rc = stage_ensure(c, buf, stage_need + STAGE_SLACK);
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
   uint8_t *stage = c->stage[buf];
   MDB_txn *rt = NULL;
