@@ -6,9 +6,9 @@
  * (lblk.held) until its token block is durable, so it can be neither
  * demoted nor dropped before its exact bytes are written; the hold is let
  * go early when no sequence references the block any more or admission
- * says no. The flusher copies nothing: it reads the pinned payloads
- * outside the engine lock. Lock order: engine lock, never held across
- * kvt_cold_write(). */
+ * says no. The pinned payloads are read (copied into the cold tier's
+ * staging buffers) outside the engine lock. Lock order: engine lock,
+ * never held across kvt_cold_post() or kvt_cold_drain(). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,10 +129,13 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
 /* With the lock held: the flusher is done with tb, durable (ok) or not. */
 static void block_done(kvt_engine *e, kvt_tblk *tb, int ok) {
   tb->queued = 0;
-  if (ok && !tb->indexed) { /* dropped while being written: not again */
-    pthread_mutex_unlock(&e->lock);
-    kvt_cold_remove(e->cold, &tb->key);
-    pthread_mutex_lock(&e->lock);
+  if (ok && !tb->indexed) {
+    /* Dropped while being written: its entry goes too - unless a block of
+     * the same key entered the index meanwhile, which may count on the
+     * entry (found durable, or skipped as written). Under the engine lock
+     * (then LMDB's writer lock, as docs/concurrency.md allows), so none
+     * can enter between the look and the removal. */
+    if (!kvt_index_find(e, &tb->key)) kvt_cold_remove(e->cold, &tb->key);
   } else if (ok) {
     tb->cold = 1;
   }
@@ -196,9 +199,10 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
     memcpy(fb->g, g, n * sizeof *g);
     rc = kvt_cold_post(e->cold, recs, n, &posted, group_settled, fb);
   }
+  if (!fb) kvt_cold_drain(e->cold); /* what went before is told of first */
   pthread_mutex_lock(&e->lock);
   for (size_t i = posted; i < n; i++) block_done(e, g[i], 0); /* not written */
-  if (rc && !e->cold_err) e->cold_err = rc;
+  if (rc && posted < n && !e->cold_err) e->cold_err = rc; /* else told in order */
   int last = fb && batch_less(fb, n - posted + 1);
   pthread_cond_broadcast(&e->flushed);
   pthread_mutex_unlock(&e->lock);
@@ -236,6 +240,7 @@ static void *flusher_main(void *arg) {
       pthread_mutex_lock(&e->lock);
       continue;
     }
+    kvt_cold_drain(e->cold); /* blocks finish in the order they were queued */
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < n; i++) block_done(e, g[i], 0);
     if (!e->cold_err) e->cold_err = rc;

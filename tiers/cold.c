@@ -57,7 +57,9 @@ struct kvt_cold {
    * written by the writer thread, synced and indexed by the committer;
    * one lock and condition for both queues and the staging buffers */
   pthread_t writer, committer;
-  int writer_on, committer_on, cq_stop, cq_failed;
+  int writer_on, committer_on, cq_stop;
+  int cq_failed;               /* a chunk failed to commit (set by the committer, in order) */
+  int wq_failed;               /* a chunk failed to be written (the writer's: it skips the rest) */
   pthread_mutex_t cq_lock;
   pthread_cond_t cq_cv;
   struct chunk *wq_head, *wq_tail;        /* built, to be written */
@@ -574,8 +576,11 @@ static int ensure(kvt_cold *c, uint8_t **buf, size_t *cap, size_t need) {
 /* Byte plane p of the n elements (esize bytes each) at raw. */
 static void plane_split(const uint8_t *raw, size_t n, uint32_t esize, uint32_t p, uint8_t *out) {
   if (esize == 2) {
-    const uint16_t *w = (const uint16_t *)(const void *)raw;
-    for (size_t i = 0; i < n; i++) out[i] = (uint8_t)(w[i] >> 8 * p);
+    for (size_t i = 0; i < n; i++) {
+      uint16_t w;
+      memcpy(&w, raw + 2 * i, 2); /* raw may be any caller's buffer */
+      out[i] = (uint8_t)(w >> 8 * p);
+    }
     return;
   }
   for (size_t i = 0; i < n; i++) out[i] = raw[i * esize + p];
@@ -779,8 +784,13 @@ typedef struct placed {
 
 /* Live bytes of the indexed records of pl, and of the victim copies they
  * replace, counted (sign 1) or uncounted (-1). */
-static void add_live(kvt_cold *c, const placed *pl, size_t np, const victim *vic, int sign) {
+static void add_live(kvt_cold *c, const placed *pl, size_t np, const victim *vic, int sign,
+                     uint64_t *pending) {
   pthread_mutex_lock(&c->st_lock);
+  if (pending) { /* the records stop counting as posted as they count as live */
+    c->pending_bytes -= *pending;
+    *pending = 0;
+  }
   for (size_t i = 0; i < np; i++) {
     if (pl[i].dead) continue;
     uint64_t d = (uint64_t)(int64_t)sign;
@@ -799,7 +809,8 @@ static void add_live(kvt_cold *c, const placed *pl, size_t np, const victim *vic
  * replaces its entry only while that still points into the victim: a
  * block dropped meanwhile stays dropped. */
 static int commit_group(kvt_cold *c, placed *pl, size_t n, kvt_cold_slice *const *sl,
-                        const uint32_t *touched, size_t n_touched, const victim *vic) {
+                        const uint32_t *touched, size_t n_touched, const victim *vic,
+                        uint64_t *pending) {
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
@@ -830,13 +841,13 @@ static int commit_group(kvt_cold *c, placed *pl, size_t n, kvt_cold_slice *const
     mdb_txn_abort(t);
     return rc;
   }
-  add_live(c, pl, n, vic, 1); /* the segment rows below carry it */
+  add_live(c, pl, n, vic, 1, pending); /* the segment rows below carry it */
   for (size_t i = 0; i < n_touched && !rc; i++) rc = seg_save(c, t, touched[i]);
   if (!rc && vic) rc = seg_save(c, t, vic->id);
   if (!rc) rc = mdb_err(mdb_txn_commit(t));
   else mdb_txn_abort(t);
   if (rc) {
-    add_live(c, pl, n, vic, -1); /* not indexed: not live; its pages are never rewritten */
+    add_live(c, pl, n, vic, -1, NULL); /* not indexed: not live; its pages are never rewritten */
     return rc;
   }
   return mdb_err(mdb_env_sync(c->env, 1));
@@ -882,6 +893,7 @@ typedef struct chunk {
   uint64_t bytes;             /* of its records, in pending_bytes until settled */
   int rc;
   int inherited;              /* rc is an earlier chunk's failure */
+  int told_only;              /* records not written, told of in order with rc as it is */
   struct chunk *next;
 } chunk;
 
@@ -957,7 +969,7 @@ static int chunk_commit(kvt_cold *c, chunk *k) {
     pthread_mutex_unlock(&c->st_lock);
     if (fd >= 0) rc = kvt_io_sync(c->sio, fd);
   }
-  if (!rc) rc = commit_group(c, k->pl, k->np, k->sl, k->touched, k->n_touched, k->vic);
+  if (!rc) rc = commit_group(c, k->pl, k->np, k->sl, k->touched, k->n_touched, k->vic, &k->bytes);
   pthread_mutex_lock(&c->st_lock);
   if (!rc) {
     c->st.groups_written += k->np > 0;
@@ -978,13 +990,17 @@ static void *writer_main(void *arg) {
     if (!c->wq_head) break;
     __atomic_store_n(&c->writer_waiting, 0, __ATOMIC_RELAXED);
     chunk *k = q_pop(&c->wq_head, &c->wq_tail);
-    int failed = c->cq_failed;
+    int failed = c->wq_failed ? c->wq_failed : c->cq_failed;
     pthread_mutex_unlock(&c->cq_lock);
-    k->inherited = failed != 0;
-    k->rc = failed ? failed : k->nw ? kvt_io_run(c->wio, k->w, k->nw) : 0;
+    if (!k->told_only) {
+      k->inherited = failed != 0;
+      k->rc = failed ? failed : k->nw ? kvt_io_run(c->wio, k->w, k->nw) : 0;
+    }
     pthread_mutex_lock(&c->cq_lock);
     stage_put(c, k);
-    if (k->rc && !c->cq_failed) c->cq_failed = k->rc;
+    /* Later chunks are not written; the committer fails this one and what
+     * follows in order (the chunks before it still commit). */
+    if (k->rc && !k->told_only && !c->wq_failed) c->wq_failed = k->rc;
     q_push(&c->cq_head, &c->cq_tail, k);
     pthread_cond_broadcast(&c->cq_cv);
   }
@@ -1004,6 +1020,8 @@ static void *committer_main(void *arg) {
     if (!k->rc) {
       k->inherited = failed != 0;
       k->rc = failed ? failed : chunk_commit(c, k);
+    } else if (failed && !k->told_only) {
+      k->inherited = 1; /* written after the failure that is told first */
     }
     if (k->rc && !k->inherited) { /* counted once, where it happened */
       pthread_mutex_lock(&c->st_lock);
@@ -1011,7 +1029,7 @@ static void *committer_main(void *arg) {
       pthread_mutex_unlock(&c->st_lock);
     }
     pending_less(c, k); /* indexed (live now) or never to be */
-    if (k->rc) { /* before telling: what the caller posts next must see it */
+    if (k->rc && !k->told_only) { /* before telling: what the caller posts next must see it */
       pthread_mutex_lock(&c->cq_lock);
       if (!c->cq_failed) c->cq_failed = k->rc;
       pthread_mutex_unlock(&c->cq_lock);
@@ -1201,7 +1219,7 @@ int kvt_cold_drain(kvt_cold *c) {
   pthread_mutex_lock(&c->cq_lock);
   while (c->in_flight) pthread_cond_wait(&c->cq_cv, &c->cq_lock);
   int rc = c->cq_failed;
-  c->cq_failed = 0;
+  c->cq_failed = c->wq_failed = 0;
   pthread_mutex_unlock(&c->cq_lock);
   return rc;
 }
@@ -1210,21 +1228,24 @@ int kvt_cold_drain(kvt_cold *c) {
  * order (the pipeline above). New records (vic NULL) skip keys already
  * indexed and leave one spare segment for relocations; relocated ones
  * (from segment vic) may use it. Every record of recs[0..*posted) will be
- * told of through settled, in order; the rest were not written. Returns 0
- * when all were posted; KVT_EFULL (no room for recs[*posted]) or an error
- * from building. After a failure the pipeline drains before going on. */
+ * told of through settled, in order, after everything posted before:
+ * those that could not be written or posted with the reason (a chunk
+ * that only tells). *posted is n unless memory for that ran out (then
+ * the pipeline has drained). Returns 0 when all were written or posted;
+ * KVT_EFULL (no room for a record), an error from building, or -ENOMEM.
+ * After a failure the pipeline drains before going on. */
 static int post_chunks(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
                        size_t *posted, kvt_cold_settled_fn settled, void *arg) {
   *posted = 0;
   pthread_mutex_lock(&c->cq_lock);
-  int failed = c->cq_failed;
+  int failed = c->cq_failed | c->wq_failed;
   pthread_mutex_unlock(&c->cq_lock);
   if (failed) kvt_cold_drain(c); /* told to its callers already: start afresh */
   size_t at = 0, told = 0; /* told: records posted or settled so far */
   int rc = 0, full = 0;
   while (at < n && !rc && !full) {
     pthread_mutex_lock(&c->cq_lock);
-    failed = c->cq_failed; /* the rest would not be indexed: not posted */
+    failed = c->cq_failed ? c->cq_failed : c->wq_failed; /* the rest would not be indexed */
     pthread_mutex_unlock(&c->cq_lock);
     if (failed) break;
     chunk *k;
@@ -1233,7 +1254,7 @@ static int post_chunks(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     if (rc) break;
     at += used;
     pthread_mutex_lock(&c->cq_lock);
-    int idle = c->in_flight == 0 && !c->cq_failed;
+    int idle = c->in_flight == 0 && !c->cq_failed && !c->wq_failed;
     pthread_mutex_unlock(&c->cq_lock);
     if (!k && idle) { /* nothing to write, nothing before it: settled already */
       if (settled && at > told) settled(arg, told, at, 0);
@@ -1251,13 +1272,25 @@ static int post_chunks(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
     k->settled_arg = arg;
     chunk_post(c, k);
   }
-  *posted = told;
   if (!rc && full) rc = KVT_EFULL;
   if (rc) {
     pthread_mutex_lock(&c->st_lock);
     c->st.write_failures++;
     pthread_mutex_unlock(&c->st_lock);
   }
+  if (told < n) { /* the rest are told of in order too, after what went before */
+    chunk *k = calloc(1, sizeof *k);
+    if (k) {
+      *k = (chunk){.buf = -1, .from = told, .upto = n, .settled = settled, .settled_arg = arg,
+                   .rc = rc ? rc : failed ? failed : KVT_EFULL, .inherited = 1, .told_only = 1};
+      chunk_post(c, k);
+      told = n;
+    } else {
+      kvt_cold_drain(c); /* so that the caller's telling of the rest comes after */
+      if (!rc) rc = -ENOMEM;
+    }
+  }
+  *posted = told;
   return rc;
 }
 
@@ -1447,9 +1480,10 @@ static void plane_join(const uint8_t *pl, size_t n, uint32_t esize, uint32_t p, 
 static void planes_join2(const uint8_t *lo, const uint8_t *hi, size_t n, uint8_t *k, uint8_t *v,
                          size_t each) {
   size_t nk = each / 2;
-  uint16_t *kw = (uint16_t *)(void *)k, *vw = (uint16_t *)(void *)v;
-  for (size_t i = 0; i < nk; i++) kw[i] = (uint16_t)(lo[i] | hi[i] << 8);
-  for (size_t i = nk; i < n; i++) vw[i - nk] = (uint16_t)(lo[i] | hi[i] << 8);
+  for (size_t i = 0; i < n; i++) { /* k and v are the caller's: any alignment */
+    uint16_t w = (uint16_t)(lo[i] | hi[i] << 8);
+    memcpy(i < nk ? k + 2 * i : v + 2 * (i - nk), &w, 2);
+  }
 }
 
 /* Decode a checked payload into K||V split across k_out and v_out; dz
@@ -1585,10 +1619,16 @@ typedef struct undo_rec {
  * in memory (live bytes, the eviction order). Returns rc or the commit's
  * error. */
 static int txn_end(kvt_cold *c, MDB_txn *t, int rc) {
+  /* The log is taken while the writer lock is still held: once the
+   * transaction ends, another thread's may fill c->undo. */
+  undo_rec *undo = c->undo;
+  size_t n_undo = c->undo_n;
+  c->undo = NULL;
+  c->undo_n = c->undo_cap = 0;
   if (!rc) rc = mdb_err(mdb_txn_commit(t));
   else mdb_txn_abort(t);
-  for (size_t i = 0; rc && i < c->undo_n; i++) {
-    const undo_rec *u = &c->undo[i];
+  for (size_t i = 0; rc && i < n_undo; i++) {
+    const undo_rec *u = &undo[i];
     pthread_mutex_lock(&c->st_lock);
     if (u->seg < c->n_segs && c->segs[u->seg].gen == u->gen) c->segs[u->seg].live += u->len;
     c->st.live_bytes += u->len;
@@ -1599,7 +1639,7 @@ static int txn_end(kvt_cold *c, MDB_txn *t, int rc) {
       pthread_mutex_unlock(&c->ev_lock);
     }
   }
-  c->undo_n = 0;
+  free(undo);
   return rc;
 }
 

@@ -109,12 +109,17 @@ int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *writ
 /* The same without waiting: returns once the records are built into the
  * pipeline (recs and the payloads it points to are not used after), so
  * the caller's next records are built while these are written. Records
- * recs[0..*posted) are told of through settled(arg, from, to, rc), in
- * order, once each group is indexed (rc 0: durable) or has failed (rc
- * the error; once one group fails, every later one posted before the next
- * drain fails too); called from the committer thread, or the caller's,
- * with no cold-tier lock held. The rest were not written: the return says
- * why (KVT_EFULL: no room; another error). Writer thread. */
+ * recs[0..*posted) are told of through settled(arg, from, to, rc) in
+ * order, after everything posted before, once each group is indexed (rc
+ * 0: durable) or has failed (rc the error; once a group fails to be
+ * written or indexed, every group after it fails too until the pipeline
+ * drains; the groups before it are unaffected); records that could not be
+ * written at all (KVT_EFULL: no room) are told of in order the same way.
+ * settled is called from the committer thread, or the caller's, with no
+ * cold-tier lock held. *posted is n unless memory ran out (-ENOMEM; the
+ * pipeline has drained then, so the caller can fail the rest in order).
+ * Returns 0, or the first reason records were not written. Writer
+ * thread. */
 typedef void (*kvt_cold_settled_fn)(void *arg, size_t from, size_t to, int rc);
 int kvt_cold_post(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *posted,
                   kvt_cold_settled_fn settled, void *arg);
