@@ -1481,6 +1481,108 @@ static void segments_direct(uint32_t backend) {
 }
 BOTH(segments_direct)
 
+/* Loads of many small slices at once: the reader merges slices that
+ * follow each other on disk into one read (spans, across records too).
+ * Every layer of 40 blocks in one submit, in disk order, with requests
+ * that break a span between them (an unknown key, a block read twice, a
+ * layer out of order, a wrong buffer size): each status is its own, each
+ * success exactly its bytes; then the same in reverse order. */
+#define SP_BLK 40
+static void span_loads(uint32_t backend) {
+  char *dir = tu_tmpdir();
+  kvt_shape sh = {.n_layers = 4, .n_kv_heads = 2, .head_dim = 16, .dtype = KVT_BF16,
+                  .block_tokens = 4}; /* 512-byte slices: one 4 KiB page each */
+  uint64_t salt = tu_salt("spans"), data = tu_rand();
+  cu_seqspec sp = {0, 0, 0, SP_BLK};
+  uint32_t *tok = cu_seq_tokens(data, &sp, SP_BLK, sh.block_tokens);
+  kvt_key keys[SP_BLK];
+  kvt_engine *e = open_cold(dir, backend);
+  kvt_ns_id ns = tu_register(e, "spans", &sh);
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  kvt_seq *q;
+  assert_int_equal(kvt_seq_create(e, ns, &q), 0);
+  for (uint32_t j = 0; j < SP_BLK; j++) {
+    kvt_append_info info;
+    assert_int_equal(cu_append_put(q, &sh, salt, tok + j * sh.block_tokens, &kv, &info), 0);
+    keys[j] = info.key;
+  }
+  assert_int_equal(kvt_sync(e), 0);
+  assert_int_equal(kvt_seq_durable(q), SP_BLK);
+  kvt_seq_release(q);
+  kvt_engine_close(e);
+
+  e = open_cold(dir, backend); /* nothing in RAM: every load is a cold read */
+  ns = tu_register(e, "spans", &sh);
+  size_t n = (size_t)SP_BLK * sh.n_layers + 4;
+  kvt_load_req *r = calloc(n, sizeof *r);
+  uint32_t *blk = calloc(n, sizeof *blk);
+  int *want = calloc(n, sizeof *want);
+  tu_kv *got = calloc(n, sizeof *got), exp;
+  assert_non_null(r);
+  tu_kv_alloc(&exp, &sh);
+  for (int pass = 0; pass < 2; pass++) {
+    size_t m = 0;
+    for (uint32_t i = 0; i < SP_BLK * sh.n_layers; i++) {
+      uint32_t x = pass ? SP_BLK * sh.n_layers - 1 - i : i, j = x / sh.n_layers, l = x % sh.n_layers;
+      if (i == 37) { /* an unknown key */
+        blk[m] = UINT32_MAX;
+        want[m] = KVT_ENOTFOUND;
+        r[m++] = (kvt_load_req){.key = {{0xee}}, .layer = 1};
+      }
+      if (i == 61) { /* block 3 again, layer 2 */
+        blk[m] = 3;
+        want[m] = 0;
+        r[m++] = (kvt_load_req){.key = keys[3], .layer = 2};
+      }
+      if (i == 90) { /* a wrong buffer size */
+        blk[m] = UINT32_MAX;
+        want[m] = KVT_EBUFSIZE;
+        r[m++] = (kvt_load_req){.key = keys[j], .layer = l, .bytes_each = 1};
+      }
+      blk[m] = j;
+      want[m] = 0;
+      r[m++] = (kvt_load_req){.key = keys[j], .layer = l};
+    }
+    assert_true(m <= n);
+    for (size_t i = 0; i < m; i++) {
+      if (!got[i].k) tu_kv_alloc(&got[i], &sh);
+      memset(got[i].k, 0x5a, got[i].bytes);
+      memset(got[i].v, 0xa5, got[i].bytes);
+      r[i].k_out = got[i].k;
+      r[i].v_out = got[i].v;
+      if (r[i].bytes_each == 0) r[i].bytes_each = got[i].bytes;
+      r[i].status = 12345;
+    }
+    kvt_load *ld = NULL;
+    assert_int_equal(kvt_load_submit(e, ns, r, m, &ld), 0);
+    size_t ok = 0;
+    kvt_load_wait(ld, &ok);
+    size_t n_ok = 0;
+    for (size_t i = 0; i < m; i++) {
+      assert_int_equal(r[i].status, want[i]);
+      if (want[i]) continue;
+      n_ok++;
+      assert_int_equal(r[i].tier, KVT_TIER_COLD);
+      assert_true(cu_same(&got[i], &exp, &sh, salt, r[i].layer, blk[i],
+                          tok + (size_t)blk[i] * sh.block_tokens));
+    }
+    assert_int_equal(ok, n_ok);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (got[i].k) tu_kv_free(&got[i]);
+  tu_kv_free(&exp);
+  tu_kv_free(&kv);
+  free(got);
+  free(want);
+  free(blk);
+  free(r);
+  free(tok);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+BOTH(span_loads)
+
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
   cu_set_self(argv[0]);
@@ -1513,6 +1615,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(cold_full_pread),
       cmocka_unit_test(segments_direct_uring),
       cmocka_unit_test(segments_direct_pread),
+      cmocka_unit_test(span_loads_uring),
+      cmocka_unit_test(span_loads_pread),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

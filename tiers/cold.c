@@ -2150,24 +2150,47 @@ static void read_done(kvt_cold_read *r, int status) {
   pthread_mutex_unlock(&b->m);
 }
 
-/* One request in flight: where to read, and the bounce buffer. */
+/* The reader serves requests in spans: small slices that follow each
+ * other on disk (the layers of a block, the blocks of a prefix: one
+ * record after another, a 4 KiB header between) share one read, since
+ * the device runs out of operations per second long before bandwidth on
+ * them. Slices of 64 KiB and more are read one by one, many in flight:
+ * merging those measured slower here. */
+#define READER_SLOTS 256           /* requests looked up and in flight */
+#define SPAN_SMALL (64u << 10)     /* slices shorter than this are merged */
+#define SPAN_MAX (256u << 10)      /* bytes one merged read covers, at most */
+#define SPAN_GAP (4u << 10)        /* bytes read through between two slices */
+
+struct span;
+
+/* One request: where its slice is, and the span that reads it. */
 typedef struct inflight {
   kvt_cold_read *r;
   kvt_cold_entry e;
   kvt_cold_slice s;
-  uint8_t *buf;
-  kvt_io_req io;
+  int fd;
+  uint64_t off;                /* of the slice in the segment */
+  uint32_t len;                /* 4 KiB aligned */
+  struct span *sp;
+  struct inflight *sp_next;    /* the span's next request */
 } inflight;
 
-/* Look a request up and start its read; completes it at once on a miss. */
-static void read_start(kvt_cold *c, MDB_txn *t, kvt_cold_read *r, inflight *f, size_t *n_started,
-                       kvt_io_req **batch) {
+/* One read in flight and the requests it serves. */
+typedef struct span {
+  kvt_io_req io;
+  uint8_t *buf;                /* kept from read to read while the reader is busy */
+  size_t cap;
+  inflight *first, *last;
+  struct span *next;           /* free list / ready queue */
+} span;
+
+/* Look a request up; 1 when it is to be read, else completed at once. */
+static int read_lookup(kvt_cold *c, MDB_txn *t, kvt_cold_read *r, inflight *f) {
   int rc = find_locked(c, t, &r->key, &f->e, &f->s, r->layer);
-  uint32_t len = (uint32_t)align4k(f->s.stored_len);
-  int fd = rc ? -1 : seg_fd(c, f->e.seg);
+  f->len = (uint32_t)align4k(f->s.stored_len);
+  f->fd = rc ? -1 : seg_fd(c, f->e.seg);
   if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
-  if (!rc && (fd < 0 || f->s.rel_off + (uint64_t)len > f->e.rec_len)) rc = KVT_ECORRUPT;
-  if (!rc && !(f->buf = kvt_io_buf_alloc(len))) rc = -ENOMEM;
+  if (!rc && (f->fd < 0 || f->s.rel_off + (uint64_t)f->len > f->e.rec_len)) rc = KVT_ECORRUPT;
   if (rc) {
     if (rc == KVT_ECORRUPT) {
       pthread_mutex_lock(&c->st_lock);
@@ -2175,19 +2198,29 @@ static void read_start(kvt_cold *c, MDB_txn *t, kvt_cold_read *r, inflight *f, s
       pthread_mutex_unlock(&c->st_lock);
     }
     read_done(r, rc);
-    return;
+    return 0;
   }
   f->r = r;
-  f->io = (kvt_io_req){.fd = fd, .op = KVT_IO_OP_READ, .buf = f->buf, .len = len,
-                       .off = f->e.offset + f->s.rel_off, .user = f};
-  batch[(*n_started)++] = &f->io;
+  f->off = f->e.offset + f->s.rel_off;
+  f->sp = NULL;
+  f->sp_next = NULL;
+  return 1;
 }
 
-static void read_finish(kvt_cold *c, inflight *f) {
+/* Can f join span sp: both small, f follows on disk, close enough, fits? */
+static int span_joins(const span *sp, const inflight *f) {
+  uint64_t end = sp->io.off + sp->io.len;
+  return f->len < SPAN_SMALL && sp->first->len < SPAN_SMALL && f->fd == sp->io.fd &&
+         f->off >= end && f->off - end <= SPAN_GAP && f->off + f->len - sp->io.off <= SPAN_MAX;
+}
+
+/* Check and decode one request its span read (res: what the read gave it). */
+static void read_finish(kvt_cold *c, inflight *f, int res) {
   kvt_cold_read *r = f->r;
-  int rc = f->io.res < 0 ? f->io.res : (uint32_t)f->io.res < f->io.len ? KVT_ECORRUPT : 0;
-  if (!rc && !slice_ok(f->buf, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
-  if (!rc) rc = decode_payload(c->dctx_async, f->buf, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
+  const uint8_t *p = f->sp->buf + (f->off - f->sp->io.off);
+  int rc = res;
+  if (!rc && !slice_ok(p, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
+  if (!rc) rc = decode_payload(c->dctx_async, p, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
                                r->k_out, r->v_out, r->bytes_each);
   if (rc == KVT_ECORRUPT) { /* bad: removed; moved meanwhile: a miss (not read again here) */
     rc = bad_or_moved(c, &r->key, &f->e);
@@ -2197,32 +2230,77 @@ static void read_finish(kvt_cold *c, inflight *f) {
   if (rc == KVT_ECORRUPT) c->st.checksum_failures++;
   if (!rc) {
     c->st.reads++;
-    c->st.read_bytes += f->io.len;
+    c->st.read_bytes += f->len;
   }
   pthread_mutex_unlock(&c->st_lock);
-  kvt_io_buf_free(f->buf);
-  f->buf = NULL;
   f->r = NULL;
   read_done(r, rc);
 }
 
-#define READER_DEPTH 64
+/* A span's read is over: finish its requests. A short read fails every
+ * request it did not cover in full. Returns how many it finished. */
+static size_t span_finish(kvt_cold *c, span *sp) {
+  int32_t got = sp->io.res;
+  size_t n = 0;
+  for (inflight *f = sp->first, *nx; f; f = nx, n++) {
+    nx = f->sp_next;
+    int res = got < 0 ? got : (uint64_t)got < f->off + f->len - sp->io.off ? KVT_ECORRUPT : 0;
+    read_finish(c, f, res);
+  }
+  sp->first = sp->last = NULL;
+  return n;
+}
+
+/* sp's buffer, big enough for its read: reused (fresh pages fault in at
+ * under 1 GB/s here), not zeroed (the read fills it). */
+static int span_buf(kvt_cold *c, span *sp) {
+  if (sp->cap >= sp->io.len) return 0;
+  size_t cap = sp->io.len < (64u << 10) ? 64u << 10 : sp->io.len;
+  uint8_t *b = kvt_io_buf_alloc(cap);
+  if (!b) return -ENOMEM;
+  kvt_io_buf_free(sp->buf);
+  kvt_mem_note(c->mem, KVT_MEM_OTHER, (int64_t)cap - (int64_t)sp->cap);
+  sp->buf = b;
+  sp->cap = cap;
+  return 0;
+}
+
+/* The reader goes idle (or stops): its buffers go. */
+static void spans_trim(kvt_cold *c, span *spans) {
+  for (size_t i = 0; spans && i < READER_SLOTS; i++) {
+    kvt_io_buf_free(spans[i].buf);
+    kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)spans[i].cap);
+    spans[i].buf = NULL;
+    spans[i].cap = 0;
+  }
+}
 
 static void *reader_main(void *arg) {
   kvt_cold *c = arg;
-  inflight slots[READER_DEPTH] = {{0}};
-  kvt_io_req *start[READER_DEPTH], *done[READER_DEPTH];
-  size_t n_inflight = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
-  if (depth > READER_DEPTH) depth = READER_DEPTH;
+  inflight *slots = calloc(READER_SLOTS, sizeof *slots);
+  span *spans = calloc(READER_SLOTS, sizeof *spans);
+  kvt_io_req *start[READER_SLOTS], *done[READER_SLOTS];
+  size_t n_req = 0, n_io = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
+  if (depth > READER_SLOTS) depth = READER_SLOTS;
+  span *free_sp = NULL, *ready = NULL, **ready_tail = &ready;
+  for (size_t i = 0; spans && i < READER_SLOTS; i++) {
+    spans[i].next = free_sp;
+    free_sp = &spans[i];
+  }
   for (;;) {
     pthread_mutex_lock(&c->rq_lock);
-    while (!c->rq_head && !n_inflight && !c->reader_stop) pthread_cond_wait(&c->rq_cv, &c->rq_lock);
-    if (!c->rq_head && !n_inflight && c->reader_stop) {
+    if (!c->rq_head && !n_req) {
+      pthread_mutex_unlock(&c->rq_lock);
+      spans_trim(c, spans);
+      pthread_mutex_lock(&c->rq_lock);
+    }
+    while (!c->rq_head && !n_req && !c->reader_stop) pthread_cond_wait(&c->rq_cv, &c->rq_lock);
+    if (!c->rq_head && !n_req && c->reader_stop) {
       pthread_mutex_unlock(&c->rq_lock);
       break;
     }
     kvt_cold_read *take = NULL, **tail = &take;
-    for (size_t room = depth - n_inflight; c->rq_head && room; room--) {
+    for (size_t room = READER_SLOTS - n_req; c->rq_head && room; room--) {
       kvt_cold_read *r = c->rq_head;
       c->rq_head = r->next;
       r->next = NULL;
@@ -2231,10 +2309,17 @@ static void *reader_main(void *arg) {
     }
     if (!c->rq_head) c->rq_tail = NULL;
     pthread_mutex_unlock(&c->rq_lock);
-    size_t n_start = 0;
-    if (take) {
+    if (take && (!slots || !spans)) { /* no memory for the reader: fail them */
+      for (kvt_cold_read *r = take, *next; r; r = next) {
+        next = r->next;
+        read_done(r, -ENOMEM);
+      }
+      continue;
+    }
+    if (take) { /* look up, then group into spans, in request order */
       MDB_txn *t = NULL;
       int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+      span *cur = NULL;
       for (kvt_cold_read *r = take, *next; r; r = next) {
         next = r->next;
         if (rc) {
@@ -2243,31 +2328,78 @@ static void *reader_main(void *arg) {
         }
         size_t i = 0;
         while (slots[i].r) i++;
-        read_start(c, t, r, &slots[i], &n_start, start);
-        if (slots[i].r && !slots[i].buf) slots[i].r = NULL;
+        inflight *f = &slots[i];
+        if (!read_lookup(c, t, r, f)) continue;
+        n_req++;
+        if (cur && span_joins(cur, f)) {
+          cur->last->sp_next = f;
+        } else {
+          cur = free_sp; /* there is one: spans in use <= requests in flight */
+          free_sp = cur->next;
+          cur->next = NULL;
+          cur->io = (kvt_io_req){.fd = f->fd, .op = KVT_IO_OP_READ, .off = f->off, .user = cur};
+          cur->first = f;
+          *ready_tail = cur;
+          ready_tail = &cur->next;
+        }
+        cur->last = f;
+        f->sp = cur;
+        cur->io.len = (uint32_t)(f->off + f->len - cur->io.off);
       }
       if (t) mdb_txn_abort(t);
     }
-    int rc = n_start ? kvt_io_submit(c->aio, start, n_start) : 0;
-    if (rc)
-      for (size_t i = 0; i < n_start; i++) {
-        inflight *f = start[i]->user;
-        f->io.res = rc;
-        read_finish(c, f);
+    /* Start what the ring takes; the rest waits for completions. */
+    size_t n_start = 0;
+    while (ready && n_io + n_start < depth) {
+      span *sp = ready;
+      ready = sp->next;
+      if (!ready) ready_tail = &ready;
+      sp->next = NULL;
+      if (span_buf(c, sp)) { /* nothing to read into */
+        sp->io.res = -ENOMEM;
+        for (inflight *f = sp->first, *nx; f; f = nx) {
+          nx = f->sp_next;
+          kvt_cold_read *r = f->r;
+          f->r = NULL;
+          n_req--;
+          read_done(r, -ENOMEM);
+        }
+        sp->first = sp->last = NULL;
+        sp->next = free_sp;
+        free_sp = sp;
+        continue;
       }
-    else
-      n_inflight += n_start;
-    if (!n_inflight) continue;
+      sp->io.buf = sp->buf;
+      start[n_start++] = &sp->io;
+    }
+    int rc = n_start ? kvt_io_submit(c->aio, start, n_start) : 0;
+    for (size_t i = 0; rc && i < n_start; i++) {
+      span *sp = start[i]->user;
+      sp->io.res = rc;
+      n_req -= span_finish(c, sp);
+      sp->next = free_sp;
+      free_sp = sp;
+    }
+    if (!rc) n_io += n_start;
+    if (!n_io) continue;
     size_t n_done = 0;
     pthread_mutex_lock(&c->rq_lock);
-    int more = c->rq_head != NULL && n_inflight < depth;
+    int more = c->rq_head != NULL && n_req < READER_SLOTS;
     pthread_mutex_unlock(&c->rq_lock);
     /* A failed reap (EINTR and the like) leaves the reads in flight: their
      * buffers stay allocated until the kernel is done with them. */
-    kvt_io_reap(c->aio, more ? 0 : 1, done, READER_DEPTH, &n_done);
-    for (size_t i = 0; i < n_done; i++) read_finish(c, done[i]->user);
-    n_inflight -= n_done;
+    kvt_io_reap(c->aio, more ? 0 : 1, done, READER_SLOTS, &n_done);
+    for (size_t i = 0; i < n_done; i++) {
+      span *sp = done[i]->user;
+      n_req -= span_finish(c, sp);
+      sp->next = free_sp;
+      free_sp = sp;
+    }
+    n_io -= n_done;
   }
+  spans_trim(c, spans);
+  free(slots);
+  free(spans);
   return NULL;
 }
 

@@ -41,7 +41,8 @@ static uint32_t bc_tokens = 16;      /* tokens per block (--block-tokens) */
 #define BC_TBLOCK_BYTES ((size_t)BC_LAYERS * BC_LAYER_BYTES)           /* 2 MiB at 16 */
 #define BC_SEQ_BLOCKS 64u            /* token blocks per sequence: 1024 tokens */
 #define BC_HOT_LIMIT (64ull << 20)   /* the writer's hot tier: a small window */
-#define BC_READ_BATCH 16u            /* token blocks per kvt_load_submit: 512 loads, 32 MiB */
+#define BC_READ_BYTES (32u << 20)    /* KV per kvt_load_submit: 16 token blocks of 2 MiB */
+#define BC_READ_BATCH ((uint32_t)(BC_READ_BYTES / BC_TBLOCK_BYTES)) /* token blocks a batch */
 #define BC_RAW_CHUNK (4u << 20)      /* raw pwrite/pread size */
 #define BC_RAW_SYNC (32u << 20)      /* raw fdatasync interval */
 #define BC_QD 32u                    /* the "depth 32" batch */
@@ -150,10 +151,10 @@ void bench_cold_usage(FILE *f)
              "cold_compress 0 and 1; raw O_DIRECT pwrite of %u MiB to a preallocated file with\n"
              "fdatasync every %u MiB (the ceiling); one file per token block with fsync each.\n"
              "Reads, from a reopened engine: every layer of every block (kvt_load_submit/wait,\n"
-             "%u blocks a batch) against raw O_DIRECT reads; random single layers at depth 1\n"
+             "%u MiB a batch) against raw O_DIRECT reads; random single layers at depth 1\n"
              "(p50, p99) and in batches of %u.\n",
           (unsigned long long)(BC_HOT_LIMIT >> 20), BC_RAW_CHUNK >> 20, BC_RAW_SYNC >> 20,
-          BC_READ_BATCH, BC_QD);
+          BC_READ_BYTES >> 20, BC_QD);
   cli_print_opts(f, o, BC_N_OPTS);
 }
 
