@@ -199,7 +199,7 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
     memcpy(fb->g, g, n * sizeof *g);
     rc = kvt_cold_post(e->cold, recs, n, &posted, group_settled, fb);
   }
-  if (!fb) kvt_cold_drain(e->cold); /* what went before is told of first */
+  if (!fb || posted < n) kvt_cold_drain(e->cold); /* what went before is told of first */
   pthread_mutex_lock(&e->lock);
   for (size_t i = posted; i < n; i++) block_done(e, g[i], 0); /* not written */
   if (rc && posted < n && !e->cold_err) e->cold_err = rc; /* else told in order */

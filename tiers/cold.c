@@ -2175,11 +2175,19 @@ typedef struct inflight {
   struct inflight *sp_next;    /* the span's next request */
 } inflight;
 
-/* One read in flight and the requests it serves. */
+/* A read buffer, kept while the reader is busy: fresh pages fault in at
+ * under 1 GB/s here. At most one per read in flight. */
+typedef struct rbuf {
+  uint8_t *p;
+  size_t cap;
+} rbuf;
+
+/* One read (resubmitted for its rest when short) and the requests it
+ * serves, in disk order. */
 typedef struct span {
   kvt_io_req io;
-  uint8_t *buf;                /* kept from read to read while the reader is busy */
-  size_t cap;
+  uint64_t start, got;         /* where the span starts; bytes read so far */
+  rbuf b;
   inflight *first, *last;
   struct span *next;           /* free list / ready queue */
 } span;
@@ -2207,17 +2215,19 @@ static int read_lookup(kvt_cold *c, MDB_txn *t, kvt_cold_read *r, inflight *f) {
   return 1;
 }
 
+static uint64_t span_end(const span *sp) { return sp->last->off + sp->last->len; }
+
 /* Can f join span sp: both small, f follows on disk, close enough, fits? */
 static int span_joins(const span *sp, const inflight *f) {
-  uint64_t end = sp->io.off + sp->io.len;
+  uint64_t end = span_end(sp);
   return f->len < SPAN_SMALL && sp->first->len < SPAN_SMALL && f->fd == sp->io.fd &&
-         f->off >= end && f->off - end <= SPAN_GAP && f->off + f->len - sp->io.off <= SPAN_MAX;
+         f->off >= end && f->off - end <= SPAN_GAP && f->off + f->len - sp->start <= SPAN_MAX;
 }
 
 /* Check and decode one request its span read (res: what the read gave it). */
 static void read_finish(kvt_cold *c, inflight *f, int res) {
   kvt_cold_read *r = f->r;
-  const uint8_t *p = f->sp->buf + (f->off - f->sp->io.off);
+  const uint8_t *p = res ? NULL : f->sp->b.p + (f->off - f->sp->start);
   int rc = res;
   if (!rc && !slice_ok(p, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
   if (!rc) rc = decode_payload(c->dctx_async, p, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
@@ -2237,50 +2247,68 @@ static void read_finish(kvt_cold *c, inflight *f, int res) {
   read_done(r, rc);
 }
 
-/* A span's read is over: finish its requests. A short read fails every
- * request it did not cover in full. Returns how many it finished. */
-static size_t span_finish(kvt_cold *c, span *sp) {
-  int32_t got = sp->io.res;
-  size_t n = 0;
-  for (inflight *f = sp->first, *nx; f; f = nx, n++) {
-    nx = f->sp_next;
-    int res = got < 0 ? got : (uint64_t)got < f->off + f->len - sp->io.off ? KVT_ECORRUPT : 0;
-    read_finish(c, f, res);
+/* A read of span sp is over (io.res). Finishes the requests it covered
+ * in full (all of them on an error: -errno, nothing removed; at end of
+ * file, the rest: what lies past it is bad). Returns 1 when every request
+ * is finished, 0 when the rest is set up to be read (a short read:
+ * resubmitted from where it stopped, as kvt_io_run() does). *n_fin counts
+ * the requests finished. */
+static int span_done(kvt_cold *c, span *sp, size_t *n_fin) {
+  int32_t res = sp->io.res;
+  uint64_t total = span_end(sp) - sp->start;
+  if (res > 0) sp->got += (uint64_t)res;
+  int eof = res == 0 && sp->got < total;
+  for (inflight *f = sp->first; f; f = sp->first) {
+    uint64_t f_end = f->off + f->len - sp->start;
+    if (res >= 0 && f_end > sp->got && !eof) break; /* to be read yet */
+    sp->first = f->sp_next;
+    read_finish(c, f, res < 0 ? res : f_end <= sp->got ? 0 : KVT_ECORRUPT);
+    (*n_fin)++;
   }
-  sp->first = sp->last = NULL;
-  return n;
-}
-
-/* sp's buffer, big enough for its read: reused (fresh pages fault in at
- * under 1 GB/s here), not zeroed (the read fills it). */
-static int span_buf(kvt_cold *c, span *sp) {
-  if (sp->cap >= sp->io.len) return 0;
-  size_t cap = sp->io.len < (64u << 10) ? 64u << 10 : sp->io.len;
-  uint8_t *b = kvt_io_buf_alloc(cap);
-  if (!b) return -ENOMEM;
-  kvt_io_buf_free(sp->buf);
-  kvt_mem_note(c->mem, KVT_MEM_OTHER, (int64_t)cap - (int64_t)sp->cap);
-  sp->buf = b;
-  sp->cap = cap;
+  if (!sp->first) {
+    sp->last = NULL;
+    return 1;
+  }
+  sp->io.off = sp->start + sp->got;
+  sp->io.buf = sp->b.p + sp->got;
+  sp->io.len = (uint32_t)(total - sp->got);
   return 0;
 }
 
-/* The reader goes idle (or stops): its buffers go. */
-static void spans_trim(kvt_cold *c, span *spans) {
-  for (size_t i = 0; spans && i < READER_SLOTS; i++) {
-    kvt_io_buf_free(spans[i].buf);
-    kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)spans[i].cap);
-    spans[i].buf = NULL;
-    spans[i].cap = 0;
+/* A buffer for sp's read from the pool (grown when too small). */
+static int span_buf(kvt_cold *c, span *sp, rbuf *pool, size_t *n_pool) {
+  size_t len = span_end(sp) - sp->start;
+  sp->b = *n_pool ? pool[--*n_pool] : (rbuf){0};
+  if (sp->b.cap >= len) return 0;
+  size_t cap = len < (64u << 10) ? 64u << 10 : len;
+  uint8_t *p = kvt_io_buf_alloc(cap);
+  if (!p) {
+    pool[(*n_pool)++] = sp->b; /* keep what there was */
+    sp->b = (rbuf){0};
+    return -ENOMEM;
   }
+  kvt_io_buf_free(sp->b.p);
+  kvt_mem_note(c->mem, KVT_MEM_OTHER, (int64_t)cap - (int64_t)sp->b.cap);
+  sp->b = (rbuf){p, cap};
+  return 0;
+}
+
+/* The reader goes idle (or stops): the pool's buffers go. */
+static void pool_trim(kvt_cold *c, rbuf *pool, size_t *n_pool) {
+  for (size_t i = 0; i < *n_pool; i++) {
+    kvt_io_buf_free(pool[i].p);
+    kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)pool[i].cap);
+  }
+  *n_pool = 0;
 }
 
 static void *reader_main(void *arg) {
   kvt_cold *c = arg;
   inflight *slots = calloc(READER_SLOTS, sizeof *slots);
   span *spans = calloc(READER_SLOTS, sizeof *spans);
+  rbuf pool[READER_SLOTS];
   kvt_io_req *start[READER_SLOTS], *done[READER_SLOTS];
-  size_t n_req = 0, n_io = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
+  size_t n_req = 0, n_io = 0, n_pool = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
   if (depth > READER_SLOTS) depth = READER_SLOTS;
   span *free_sp = NULL, *ready = NULL, **ready_tail = &ready;
   for (size_t i = 0; spans && i < READER_SLOTS; i++) {
@@ -2291,7 +2319,7 @@ static void *reader_main(void *arg) {
     pthread_mutex_lock(&c->rq_lock);
     if (!c->rq_head && !n_req) {
       pthread_mutex_unlock(&c->rq_lock);
-      spans_trim(c, spans);
+      pool_trim(c, pool, &n_pool);
       pthread_mutex_lock(&c->rq_lock);
     }
     while (!c->rq_head && !n_req && !c->reader_stop) pthread_cond_wait(&c->rq_cv, &c->rq_lock);
@@ -2338,13 +2366,15 @@ static void *reader_main(void *arg) {
           free_sp = cur->next;
           cur->next = NULL;
           cur->io = (kvt_io_req){.fd = f->fd, .op = KVT_IO_OP_READ, .off = f->off, .user = cur};
+          cur->start = f->off;
+          cur->got = 0;
+          cur->b = (rbuf){0};
           cur->first = f;
           *ready_tail = cur;
           ready_tail = &cur->next;
         }
         cur->last = f;
         f->sp = cur;
-        cur->io.len = (uint32_t)(f->off + f->len - cur->io.off);
       }
       if (t) mdb_txn_abort(t);
     }
@@ -2355,49 +2385,55 @@ static void *reader_main(void *arg) {
       ready = sp->next;
       if (!ready) ready_tail = &ready;
       sp->next = NULL;
-      if (span_buf(c, sp)) { /* nothing to read into */
-        sp->io.res = -ENOMEM;
-        for (inflight *f = sp->first, *nx; f; f = nx) {
-          nx = f->sp_next;
-          kvt_cold_read *r = f->r;
-          f->r = NULL;
-          n_req--;
-          read_done(r, -ENOMEM);
+      if (!sp->b.p) { /* a new span (a resubmitted one has its buffer) */
+        if (span_buf(c, sp, pool, &n_pool)) { /* nothing to read into */
+          size_t fin = 0;
+          sp->io.res = -ENOMEM;
+          span_done(c, sp, &fin); /* fails them all */
+          n_req -= fin;
+          sp->next = free_sp;
+          free_sp = sp;
+          continue;
         }
-        sp->first = sp->last = NULL;
-        sp->next = free_sp;
-        free_sp = sp;
-        continue;
+        sp->io.len = (uint32_t)(span_end(sp) - sp->start);
+        sp->io.buf = sp->b.p;
       }
-      sp->io.buf = sp->buf;
       start[n_start++] = &sp->io;
     }
     int rc = n_start ? kvt_io_submit(c->aio, start, n_start) : 0;
-    for (size_t i = 0; rc && i < n_start; i++) {
-      span *sp = start[i]->user;
-      sp->io.res = rc;
-      n_req -= span_finish(c, sp);
-      sp->next = free_sp;
-      free_sp = sp;
-    }
     if (!rc) n_io += n_start;
-    if (!n_io) continue;
     size_t n_done = 0;
-    pthread_mutex_lock(&c->rq_lock);
-    int more = c->rq_head != NULL && n_req < READER_SLOTS;
-    pthread_mutex_unlock(&c->rq_lock);
-    /* A failed reap (EINTR and the like) leaves the reads in flight: their
-     * buffers stay allocated until the kernel is done with them. */
-    kvt_io_reap(c->aio, more ? 0 : 1, done, READER_SLOTS, &n_done);
+    if (rc) { /* none started: each fails as a read error would */
+      for (size_t i = 0; i < n_start; i++) start[i]->res = rc;
+      memcpy(done, start, n_start * sizeof *start);
+      n_done = n_start;
+    } else if (n_io) {
+      pthread_mutex_lock(&c->rq_lock);
+      int more = c->rq_head != NULL && n_req < READER_SLOTS;
+      pthread_mutex_unlock(&c->rq_lock);
+      /* A failed reap (EINTR and the like) leaves the reads in flight: their
+       * buffers stay allocated until the kernel is done with them. */
+      kvt_io_reap(c->aio, more ? 0 : 1, done, READER_SLOTS, &n_done);
+      n_io -= n_done;
+    }
     for (size_t i = 0; i < n_done; i++) {
       span *sp = done[i]->user;
-      n_req -= span_finish(c, sp);
-      sp->next = free_sp;
-      free_sp = sp;
+      size_t fin = 0;
+      int over = span_done(c, sp, &fin);
+      n_req -= fin;
+      if (over) { /* its buffer back to the pool, itself to the free list */
+        pool[n_pool++] = sp->b;
+        sp->b = (rbuf){0};
+        sp->next = free_sp;
+        free_sp = sp;
+      } else { /* short: the rest goes first */
+        sp->next = ready;
+        if (!ready) ready_tail = &sp->next;
+        ready = sp;
+      }
     }
-    n_io -= n_done;
   }
-  spans_trim(c, spans);
+  pool_trim(c, pool, &n_pool);
   free(slots);
   free(spans);
   return NULL;
