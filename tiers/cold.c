@@ -2192,9 +2192,37 @@ typedef struct span {
   struct span *next;           /* free list / ready queue */
 } span;
 
+/* The entry the reader looked up last, in the read transaction under
+ * way: loads come a block's layers at a time, so most requests find
+ * their key here instead of in the B-tree. */
+typedef struct last_entry {
+  int have;
+  kvt_key key;
+  MDB_val v;                   /* valid until the transaction ends */
+  kvt_cold_entry e;
+} last_entry;
+
+static int find_cached(kvt_cold *c, MDB_txn *t, last_entry *le, const kvt_key *key,
+                       kvt_cold_entry *e, kvt_cold_slice *one, uint32_t layer) {
+  if (!le->have || memcmp(le->key.b, key->b, 16) != 0) {
+    MDB_val k = {16, (void *)key->b};
+    le->have = 0;
+    int rc = mdb_get(t, c->db_blocks, &k, &le->v);
+    if (rc) return mdb_err(rc);
+    rc = get_entry(key, &le->v, &le->e);
+    if (rc) return rc;
+    le->have = 1;
+    le->key = *key;
+  }
+  *e = le->e;
+  if (layer >= e->n_layers) return KVT_ENOTFOUND;
+  get_slice(entry_slice(&le->v, layer), one);
+  return 0;
+}
+
 /* Look a request up; 1 when it is to be read, else completed at once. */
-static int read_lookup(kvt_cold *c, MDB_txn *t, kvt_cold_read *r, inflight *f) {
-  int rc = find_locked(c, t, &r->key, &f->e, &f->s, r->layer);
+static int read_lookup(kvt_cold *c, MDB_txn *t, last_entry *le, kvt_cold_read *r, inflight *f) {
+  int rc = find_cached(c, t, le, &r->key, &f->e, &f->s, r->layer);
   f->len = (uint32_t)align4k(f->s.stored_len);
   f->fd = rc ? -1 : seg_fd(c, f->e.seg);
   if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
@@ -2348,6 +2376,7 @@ static void *reader_main(void *arg) {
       MDB_txn *t = NULL;
       int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
       span *cur = NULL;
+      last_entry le = {0};
       for (kvt_cold_read *r = take, *next; r; r = next) {
         next = r->next;
         if (rc) {
@@ -2357,7 +2386,7 @@ static void *reader_main(void *arg) {
         size_t i = 0;
         while (slots[i].r) i++;
         inflight *f = &slots[i];
-        if (!read_lookup(c, t, r, f)) continue;
+        if (!read_lookup(c, t, &le, r, f)) continue;
         n_req++;
         if (cur && span_joins(cur, f)) {
           cur->last->sp_next = f;
