@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include "tiers/cold.h"
@@ -18,6 +19,7 @@
 #include "tiers/hash.h"
 
 #define FORMAT_VERSION 1u
+#define READERS_MAX 2u   /* reader threads: checking and copying keep one core busy at disk speed */
 #define REC_MAGIC "KVTREC01"
 #define REC_FIXED 88u
 #define SLICE_ENTRY 24u
@@ -80,10 +82,17 @@ struct kvt_cold {
   size_t stage_cap[2];
   int stage_busy[2];
   pthread_mutex_t rd_lock;
-  /* asynchronous reads: a reader thread owns aio and serves a queue */
-  kvt_io *aio;
-  pthread_t reader;
-  int reader_on, reader_stop;
+  /* asynchronous reads: reader threads, each with its own ring (aio) and
+   * zstd context, serve one queue */
+  kvt_io *aio[READERS_MAX];
+  ZSTD_DCtx *dctx_async[READERS_MAX];
+  struct reader_ctx {
+    kvt_cold *c;
+    unsigned i;
+    pthread_t th;
+  } rctx[READERS_MAX];
+  unsigned n_readers, readers_on;
+  int reader_stop;
   pthread_mutex_t rq_lock;
   pthread_cond_t rq_cv;
   kvt_cold_read *rq_head, *rq_tail;
@@ -93,7 +102,6 @@ struct kvt_cold {
   int active;                  /* segment being appended, or -1 */
   ZSTD_CCtx *cctx;             /* writer */
   ZSTD_DCtx *dctx_sync;        /* synchronous reads' (dz_lock), made when first needed */
-  ZSTD_DCtx *dctx_async;       /* the reader thread's */
   pthread_mutex_t dz_lock;
   int writer_waiting;          /* the writer thread has nothing to write (atomic) */
   const int *backlog;          /* the caller's: work waits behind this post (atomic) */
@@ -443,8 +451,14 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->wio);
   if (!rc && !cfg->rdonly) rc = kvt_io_create(&cfg->io, &c->sio);
   if (!rc && !cfg->rdonly && !(c->cctx = ZSTD_createCCtx())) rc = -ENOMEM;
-  if (!rc) rc = kvt_io_create(&cfg->io, &c->aio);
-  if (!rc && !(c->dctx_async = ZSTD_createDCtx())) rc = -ENOMEM;
+  /* Two readers where two CPUs are; one under a read fault plan, so that
+   * tests count its read calls in one place. */
+  c->n_readers = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? READERS_MAX : 1;
+  if (cfg->io.fault.kind && (cfg->io.fault.ops & (1u << KVT_IO_OP_READ))) c->n_readers = 1;
+  for (unsigned i = 0; !rc && i < c->n_readers; i++) {
+    rc = kvt_io_create(&cfg->io, &c->aio[i]);
+    if (!rc && !(c->dctx_async[i] = ZSTD_createDCtx())) rc = -ENOMEM;
+  }
   if (!rc) rc = open_env(c);
   if (!rc) rc = open_dbs(c);
   if (!rc) rc = reader_start(c);
@@ -475,10 +489,10 @@ void kvt_cold_close(kvt_cold *c) {
   kvt_io_destroy(c->wio);
   kvt_io_destroy(c->sio);
   kvt_io_destroy(c->rio);
-  kvt_io_destroy(c->aio);
+  for (unsigned i = 0; i < READERS_MAX; i++) kvt_io_destroy(c->aio[i]);
   ZSTD_freeCCtx(c->cctx);
   ZSTD_freeDCtx(c->dctx_sync);
-  ZSTD_freeDCtx(c->dctx_async);
+  for (unsigned i = 0; i < READERS_MAX; i++) ZSTD_freeDCtx(c->dctx_async[i]);
   pthread_mutex_destroy(&c->dz_lock);
   kvt_io_buf_free(c->stage[0]);
   kvt_io_buf_free(c->stage[1]);
@@ -2253,12 +2267,12 @@ static int span_joins(const span *sp, const inflight *f) {
 }
 
 /* Check and decode one request its span read (res: what the read gave it). */
-static void read_finish(kvt_cold *c, inflight *f, int res) {
+static void read_finish(kvt_cold *c, ZSTD_DCtx *dz, inflight *f, int res) {
   kvt_cold_read *r = f->r;
   const uint8_t *p = res ? NULL : f->sp->b.p + (f->off - f->sp->start);
   int rc = res;
   if (!rc && !slice_ok(p, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
-  if (!rc) rc = decode_payload(c->dctx_async, p, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
+  if (!rc) rc = decode_payload(dz, p, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
                                r->k_out, r->v_out, r->bytes_each);
   if (rc == KVT_ECORRUPT) { /* bad: removed; moved meanwhile: a miss (not read again here) */
     rc = bad_or_moved(c, &r->key, &f->e);
@@ -2281,7 +2295,7 @@ static void read_finish(kvt_cold *c, inflight *f, int res) {
  * is finished, 0 when the rest is set up to be read (a short read:
  * resubmitted from where it stopped, as kvt_io_run() does). *n_fin counts
  * the requests finished. */
-static int span_done(kvt_cold *c, span *sp, size_t *n_fin) {
+static int span_done(kvt_cold *c, ZSTD_DCtx *dz, span *sp, size_t *n_fin) {
   int32_t res = sp->io.res;
   uint64_t total = span_end(sp) - sp->start;
   if (res > 0) sp->got += (uint64_t)res;
@@ -2290,7 +2304,7 @@ static int span_done(kvt_cold *c, span *sp, size_t *n_fin) {
     uint64_t f_end = f->off + f->len - sp->start;
     if (res >= 0 && f_end > sp->got && !eof) break; /* to be read yet */
     sp->first = f->sp_next;
-    read_finish(c, f, res < 0 ? res : f_end <= sp->got ? 0 : KVT_ECORRUPT);
+    read_finish(c, dz, f, res < 0 ? res : f_end <= sp->got ? 0 : KVT_ECORRUPT);
     (*n_fin)++;
   }
   if (!sp->first) {
@@ -2331,7 +2345,10 @@ static void pool_trim(kvt_cold *c, rbuf *pool, size_t *n_pool) {
 }
 
 static void *reader_main(void *arg) {
-  kvt_cold *c = arg;
+  struct reader_ctx *rx = arg;
+  kvt_cold *c = rx->c;
+  kvt_io *aio = c->aio[rx->i];
+  ZSTD_DCtx *dz = c->dctx_async[rx->i];
   inflight *slots = calloc(READER_SLOTS, sizeof *slots);
   span *spans = calloc(READER_SLOTS, sizeof *spans);
   rbuf pool[READER_SLOTS];
@@ -2418,7 +2435,7 @@ static void *reader_main(void *arg) {
         if (span_buf(c, sp, pool, &n_pool)) { /* nothing to read into */
           size_t fin = 0;
           sp->io.res = -ENOMEM;
-          span_done(c, sp, &fin); /* fails them all */
+          span_done(c, dz, sp, &fin); /* fails them all */
           n_req -= fin;
           sp->next = free_sp;
           free_sp = sp;
@@ -2429,7 +2446,7 @@ static void *reader_main(void *arg) {
       }
       start[n_start++] = &sp->io;
     }
-    int rc = n_start ? kvt_io_submit(c->aio, start, n_start) : 0;
+    int rc = n_start ? kvt_io_submit(aio, start, n_start) : 0;
     if (!rc) n_io += n_start;
     size_t n_done = 0;
     if (rc) { /* none started: each fails as a read error would */
@@ -2442,13 +2459,13 @@ static void *reader_main(void *arg) {
       pthread_mutex_unlock(&c->rq_lock);
       /* A failed reap (EINTR and the like) leaves the reads in flight: their
        * buffers stay allocated until the kernel is done with them. */
-      kvt_io_reap(c->aio, more ? 0 : 1, done, READER_SLOTS, &n_done);
+      kvt_io_reap(aio, more ? 0 : 1, done, READER_SLOTS, &n_done);
       n_io -= n_done;
     }
     for (size_t i = 0; i < n_done; i++) {
       span *sp = done[i]->user;
       size_t fin = 0;
-      int over = span_done(c, sp, &fin);
+      int over = span_done(c, dz, sp, &fin);
       n_req -= fin;
       if (over) { /* its buffer back to the pool, itself to the free list */
         pool[n_pool++] = sp->b;
@@ -2471,21 +2488,25 @@ static void *reader_main(void *arg) {
 static int reader_start(kvt_cold *c) {
   pthread_mutex_init(&c->rq_lock, NULL);
   pthread_cond_init(&c->rq_cv, NULL);
-  int rc = -pthread_create(&c->reader, NULL, reader_main, c);
-  c->reader_on = rc == 0;
+  int rc = 0;
+  for (unsigned i = 0; !rc && i < c->n_readers; i++) {
+    c->rctx[i] = (struct reader_ctx){.c = c, .i = i};
+    rc = -pthread_create(&c->rctx[i].th, NULL, reader_main, &c->rctx[i]);
+    if (!rc) c->readers_on++;
+  }
   return rc;
 }
 
 static void reader_stop(kvt_cold *c) {
-  if (!c->reader_on) return;
+  if (!c->readers_on) return;
   pthread_mutex_lock(&c->rq_lock);
   c->reader_stop = 1;
-  pthread_cond_signal(&c->rq_cv);
+  pthread_cond_broadcast(&c->rq_cv);
   pthread_mutex_unlock(&c->rq_lock);
-  pthread_join(c->reader, NULL);
+  for (unsigned i = 0; i < c->readers_on; i++) pthread_join(c->rctx[i].th, NULL);
   pthread_mutex_destroy(&c->rq_lock);
   pthread_cond_destroy(&c->rq_cv);
-  c->reader_on = 0;
+  c->readers_on = 0;
 }
 
 int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out) {
@@ -2505,7 +2526,7 @@ int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_ba
   if (c->rq_tail) c->rq_tail->next = &reqs[0];
   else c->rq_head = &reqs[0];
   c->rq_tail = &reqs[n - 1];
-  pthread_cond_signal(&c->rq_cv);
+  pthread_cond_broadcast(&c->rq_cv); /* every reader: a batch may need more than one */
   pthread_mutex_unlock(&c->rq_lock);
   *out = b;
   return 0;

@@ -176,9 +176,11 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n);
 int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out, void *v_out,
                         size_t bytes_each);
 
-/* Asynchronous reads of single layers: a reader thread owns its own ring,
- * looks each request up, keeps up to 64 reads in flight, checks and
- * decodes into the caller's buffers. reqs stays the caller's and must live
+/* Asynchronous reads of single layers: reader threads (two where two
+ * CPUs are, one under a read fault plan), each with its own ring, take
+ * requests from one queue, look them up, keep up to io depth reads in
+ * flight (small adjacent slices merged), check and decode into the
+ * caller's buffers. reqs stays the caller's and must live
  * until kvt_cold_read_wait() returns; statuses as kvt_cold_read_layer(). */
 typedef struct kvt_cold_batch kvt_cold_batch;
 typedef struct kvt_cold_read {
