@@ -2354,6 +2354,8 @@ static void *reader_main(void *arg) {
   rbuf pool[READER_SLOTS];
   kvt_io_req *start[READER_SLOTS], *done[READER_SLOTS];
   size_t n_req = 0, n_io = 0, n_pool = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
+  depth = (depth + c->n_readers - 1) / c->n_readers; /* the depth is shared: more in flight
+                                                        measured slower here */
   if (depth > READER_SLOTS) depth = READER_SLOTS;
   span *free_sp = NULL, *ready = NULL, **ready_tail = &ready;
   for (size_t i = 0; spans && i < READER_SLOTS; i++) {

@@ -178,8 +178,8 @@ int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k
 
 /* Asynchronous reads of single layers: reader threads (two where two
  * CPUs are, one under a read fault plan), each with its own ring, take
- * requests from one queue, look them up, keep up to io depth reads in
- * flight (small adjacent slices merged), check and decode into the
+ * requests from one queue, look them up, keep io depth reads in flight
+ * between them (small adjacent slices merged), check and decode into the
  * caller's buffers. reqs stays the caller's and must live
  * until kvt_cold_read_wait() returns; statuses as kvt_cold_read_layer(). */
 typedef struct kvt_cold_batch kvt_cold_batch;
