@@ -145,7 +145,7 @@ fi
 
 # --- bench share: reduction close to 1 - 1/N -----------------------------------
 for n in 2 4; do
-  if run "share$n" 0 bench share --agents $n --tokens 512 --json; then
+  if run "share$n" 0 bench share --agents $n --tokens 512 --own 0 --json; then
     json_check "share$n" "
 N = $n
 for k in ('agents', 'tokens', 'stored_bytes', 'stats_total_bytes', 'private_bytes', 'reduction'):
@@ -162,7 +162,7 @@ done
 
 # --- bench share --codec: every block warm, reduction near 1 - (encoded/f16)/N --
 for n in 2 4; do
-  if run "sharew$n" 0 bench share --agents $n --tokens 512 --codec k8v3 --json; then
+  if run "sharew$n" 0 bench share --agents $n --tokens 512 --own 0 --codec k8v3 --json; then
     json_check "sharew$n" "
 N = $n
 assert d['agents'] == N and d['codec'] == 'k8v3' and d['verified'] is True
@@ -183,14 +183,34 @@ assert abs(d['v_nmse'] / 0.03454 - 1) < 0.1, d['v_nmse']
   fi
 done
 
+# --- bench share, partial overlap: a shared prefix plus each agent's own blocks;
+# the savings split into deduplication and codec and add up -------------------
+if run sharep 0 bench share --agents 3 --tokens 256 --own 128 --codec k8v3 --json; then
+  json_check sharep "
+N, S, O = 3, 256 // 16, 128 // 16
+assert d['workload'] == 'partial overlap' and d['verified'] is True
+uniq = S + N * O
+assert d['warm_blocks'] == d['n_layers'] * uniq, d['warm_blocks']
+blk = d['n_layers'] * 16 * 8 * 128 * 2 * 2   # f16 K+V of one token block
+assert d['private_bytes'] == N * (S + O) * blk and d['unique_payload_bytes'] == uniq * blk
+assert d['saved_by_dedup_bytes'] == d['private_bytes'] - d['unique_payload_bytes']
+assert abs(d['reduction_from_dedup'] - (1 - uniq / (N * (S + O)))) < 1e-9
+assert d['saved_by_codec_bytes'] == d['unique_payload_bytes'] - d['encoded_bytes'] > 0
+total = d['private_bytes'] - d['saved_by_dedup_bytes'] - d['saved_by_codec_bytes'] + d['overhead_bytes']
+assert abs(total - d['stats_total_bytes']) < 1, (total, d['stats_total_bytes'])
+assert d['reduction_from_dedup'] < 1 - 1 / N   # not the same-context figure by construction
+"
+fi
+
 # --- bench hot: the keys, positive figures; few rounds to stay quick -----------
-if run hot 0 bench hot --rounds 3 --lookups 200 --json; then
+if run hot 0 bench hot --mib 64 --rounds 3 --lookups 200 --json; then
   json_check hot '
 for k in ("put_gbps", "gather_gbps", "memcpy_gbps", "gather_vs_memcpy", "put_vs_memcpy",
           "lookup_p50_us", "lookup_p99_us"):
     assert isinstance(d[k], (int, float)) and d[k] > 0, k
 assert d["working_set_bytes"] >= 64 << 20
 assert d["lookup_p99_us"] >= d["lookup_p50_us"]
+assert d["l3_bytes"] == 0 or abs(d["working_set_vs_l3"] - d["working_set_bytes"] / d["l3_bytes"]) < 1e-6
 '
 fi
 

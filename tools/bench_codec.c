@@ -103,31 +103,6 @@ static const char *cname(int ci) { return kvt_codec_name(codec_ids[ci]); }
 
 /* ---- the machine ----------------------------------------------------------- */
 
-/* L3 size from sysfs ("266240K"), 0 when unknown: said next to the working
- * set, since a set that fits L3 measures the cache, not memory. */
-static uint64_t l3_bytes(void)
-{
-  for (int i = 0; i < 8; i++) {
-    char path[96];
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int level = 0, ok = fscanf(f, "%d", &level) == 1;
-    fclose(f);
-    if (!ok || level != 3) continue;
-    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
-    f = fopen(path, "r");
-    if (!f) return 0;
-    unsigned long long v = 0;
-    char unit = 0;
-    ok = fscanf(f, "%llu%c", &v, &unit) >= 1;
-    fclose(f);
-    if (!ok) return 0;
-    return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : unit == 'G' ? v << 30 : v;
-  }
-  return 0;
-}
-
 static int cpu_avx2(void)
 {
   __builtin_cpu_init();
@@ -1155,7 +1130,7 @@ static int codec_check_cfg(codec_cfg *c, attend_res *a)
 
 static int codec_main(codec_run *r)
 {
-  r->l3_bytes = l3_bytes();
+  r->l3_bytes = cpu_l3_bytes();
   r->simd = cpu_avx2();
   int rc = speed_all(r);
   if (rc == CLI_OK) rc = error_tests(r);

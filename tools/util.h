@@ -77,6 +77,9 @@ void json_bool(json_w *j, const char *key, int v);
 /* ---- time and order statistics --------------------------------------- */
 
 uint64_t now_ns(void); /* CLOCK_MONOTONIC */
+/* The L3 cache's size in bytes from sysfs, 0 when unknown: benchmarks size
+ * their working sets above it, or they measure the cache, not memory. */
+uint64_t cpu_l3_bytes(void);
 
 /* Sort v[0..n) ascending in place. */
 void sort_f64(double *v, size_t n);
