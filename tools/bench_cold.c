@@ -9,18 +9,23 @@
  *   writes  kvtier with cold_compress 0 and 1 (appends + a put per layer,
  *           then kvt_sync; after an untimed warm-up that fills the hot tier
  *           once, as the raw file's preallocation is untimed), raw O_DIRECT
- *           pwrite to a preallocated file
- *           (fdatasync every 32 MiB and at the end: the ceiling), one file
- *           per token block with pwrite + fsync each;
+ *           writes to a preallocated file through io_uring at the engine's
+ *           queue depth (fdatasync every 32 MiB and at the end: the
+ *           ceiling), one file per token block with pwrite + fsync each;
  *   reads   every layer of every block through kvt_load_submit/wait from a
  *           freshly reopened engine (nothing in RAM), raw O_DIRECT reads of
- *           the raw file; random single layers at depth 1 (latency) and in
- *           batches of 32 (throughput).
+ *           the raw file through io_uring with as many threads as the
+ *           engine has cold readers and its queue depth shared among them
+ *           (a baseline at lower concurrency than kvtier's would flatter
+ *           it); random single layers at depth 1 (latency) and in batches
+ *           of 32 (throughput).
  * The baselines are plain system calls, made here on purpose; everything
  * of kvtier goes through include/kvtier.h. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <liburing.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -43,7 +48,8 @@ static uint32_t bc_tokens = 16;      /* tokens per block (--block-tokens) */
 #define BC_HOT_LIMIT (64ull << 20)   /* the writer's hot tier: a small window */
 #define BC_READ_BYTES (32u << 20)    /* KV per kvt_load_submit: 16 token blocks of 2 MiB */
 #define BC_READ_BATCH ((uint32_t)(BC_READ_BYTES / BC_TBLOCK_BYTES)) /* token blocks a batch */
-#define BC_RAW_CHUNK (4u << 20)      /* raw pwrite/pread size */
+#define BC_RAW_CHUNK (1u << 20)      /* raw request size */
+#define BC_RAW_THREADS_MAX 2u        /* the engine's cold readers: two where two CPUs are */
 #define BC_RAW_SYNC (32u << 20)      /* raw fdatasync interval */
 #define BC_QD 32u                    /* the "depth 32" batch */
 #define BC_ROUNDS_MAX 50u
@@ -460,8 +466,97 @@ static int kvt_read(bc_run *r, const char *store, uint32_t compress, double *out
 
 /* ---- baselines ------------------------------------------------------------------ */
 
-/* The ceiling: the same bytes, O_DIRECT, large writes, a preallocated file,
- * fdatasync every BC_RAW_SYNC and at the end; no index, checksum or codec. */
+/* The raw device at kvtier's own concurrency: BC_RAW_CHUNK requests
+ * through io_uring, `depth` in flight on each of `threads` rings, thread t
+ * taking chunks t, t + threads, ...; writes fdatasync every BC_RAW_SYNC
+ * (after draining) and at the end. No index, checksum or codec. */
+typedef struct raw_job {
+  int fd, write, rc;
+  uint8_t *buf;
+  uint64_t bytes;
+  uint32_t depth, t, threads;
+} raw_job;
+
+static int raw_reap(struct io_uring *ring, uint32_t *inflight, unsigned wait)
+{
+  struct io_uring_cqe *cqe;
+  int rc = io_uring_submit_and_wait(ring, wait);
+  if (rc < 0) return rc;
+  rc = 0;
+  while (*inflight && io_uring_peek_cqe(ring, &cqe) == 0) {
+    if (cqe->res < 0 && rc == 0) rc = cqe->res;
+    else if ((uint64_t)cqe->res != cqe->user_data && rc == 0) rc = -EIO; /* short: not expected */
+    io_uring_cqe_seen(ring, cqe);
+    (*inflight)--;
+  }
+  return rc;
+}
+
+static void *raw_job_run(void *arg)
+{
+  raw_job *j = arg;
+  struct io_uring ring;
+  j->rc = io_uring_queue_init(j->depth, &ring, 0);
+  if (j->rc < 0) return NULL;
+  uint64_t next = (uint64_t)j->t * BC_RAW_CHUNK, since_sync = 0;
+  uint32_t inflight = 0;
+  while (j->rc == 0 && (next < j->bytes || inflight)) {
+    while (inflight < j->depth && next < j->bytes && !(j->write && since_sync >= BC_RAW_SYNC)) {
+      struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+      if (!sqe) break;
+      if (j->write) io_uring_prep_write(sqe, j->fd, j->buf + next, BC_RAW_CHUNK, next);
+      else io_uring_prep_read(sqe, j->fd, j->buf + next, BC_RAW_CHUNK, next);
+      sqe->user_data = BC_RAW_CHUNK;
+      next += (uint64_t)j->threads * BC_RAW_CHUNK;
+      since_sync += BC_RAW_CHUNK;
+      inflight++;
+    }
+    j->rc = raw_reap(&ring, &inflight, 1);
+    if (j->rc == 0 && j->write && inflight == 0 && (since_sync >= BC_RAW_SYNC || next >= j->bytes)) {
+      if (fdatasync(j->fd) != 0) j->rc = -errno;
+      since_sync = 0;
+    }
+  }
+  io_uring_queue_exit(&ring);
+  return NULL;
+}
+
+/* Run `threads` jobs over the file; the time they took in *ns. 0 or -errno. */
+static int raw_io(int fd, int write, uint8_t *buf, uint64_t bytes, uint32_t depth,
+                  uint32_t threads, uint64_t *ns)
+{
+  raw_job jobs[BC_RAW_THREADS_MAX];
+  pthread_t tid[BC_RAW_THREADS_MAX];
+  uint32_t started = 0;
+  int rc = 0;
+  uint64_t t0 = now_ns();
+  for (uint32_t t = 0; t < threads; t++) {
+    jobs[t] = (raw_job){.fd = fd, .write = write, .buf = buf, .bytes = bytes,
+                        .depth = depth, .t = t, .threads = threads};
+    if (threads == 1) raw_job_run(&jobs[t]);
+    else if ((rc = -pthread_create(&tid[t], NULL, raw_job_run, &jobs[t])) != 0) break;
+    started++;
+  }
+  for (uint32_t t = 0; t < started; t++) {
+    if (threads > 1) pthread_join(tid[t], NULL);
+    if (rc == 0) rc = jobs[t].rc;
+  }
+  *ns = now_ns() - t0;
+  return rc;
+}
+
+/* The engine's concurrency, which the raw baselines copy: its queue depth
+ * (kvt_options.io_depth), shared among its cold readers as it shares it. */
+static uint32_t raw_depth(void)
+{
+  kvt_options o;
+  kvt_options_init(&o);
+  return o.io_depth;
+}
+static uint32_t raw_readers(void) { return sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 2 : 1; }
+
+/* The ceiling: the same bytes, O_DIRECT, a preallocated file, one writer at
+ * the engine's depth, fdatasync every BC_RAW_SYNC and at the end. */
 static int raw_write(bc_run *r, const char *path, double *out_gbps)
 {
   int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY | O_DIRECT | O_CLOEXEC, 0644);
@@ -472,16 +567,11 @@ static int raw_write(bc_run *r, const char *path, double *out_gbps)
     close(fd);
     return bc_fail("preallocating the raw baseline file", -rc);
   }
-  uint64_t t0 = now_ns();
-  for (uint64_t off = 0; rc == 0 && off < r->bytes; off += BC_RAW_CHUNK) {
-    rc = pwrite_all(fd, r->payload + off, BC_RAW_CHUNK, off);
-    if (rc == 0 && (off + BC_RAW_CHUNK) % BC_RAW_SYNC == 0 && fdatasync(fd) != 0) rc = -errno;
-  }
-  if (rc == 0 && fdatasync(fd) != 0) rc = -errno;
-  uint64_t t1 = now_ns();
+  uint64_t ns = 0;
+  rc = raw_io(fd, 1, r->payload, r->bytes, raw_depth(), 1, &ns);
   close(fd);
   if (rc != 0) return bc_fail("writing the raw baseline file", rc);
-  *out_gbps = gbps(r->bytes, t1 - t0);
+  *out_gbps = gbps(r->bytes, ns);
   return CLI_OK;
 }
 
@@ -491,18 +581,16 @@ static int raw_read(bc_run *r, const char *path, double *out_gbps)
   int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
   if (fd < 0) return bc_fail("opening the raw baseline file (O_DIRECT)", -errno);
   memset(r->dst, 0x5a, r->bytes);
-  int rc = 0;
-  uint64_t t0 = now_ns();
-  for (uint64_t off = 0; rc == 0 && off < r->bytes; off += BC_RAW_CHUNK)
-    rc = pread_all(fd, r->dst + off, BC_RAW_CHUNK, off);
-  uint64_t t1 = now_ns();
+  uint32_t n = raw_readers(), depth = (raw_depth() + n - 1) / n;
+  uint64_t ns = 0;
+  int rc = raw_io(fd, 0, r->dst, r->bytes, depth, n, &ns);
   close(fd);
   if (rc != 0) return bc_fail("reading the raw baseline file", rc);
   if (memcmp(r->dst, r->payload, r->bytes) != 0) {
     fprintf(stderr, "kvtier bench cold: the raw baseline file reads back different bytes\n");
     return CLI_FAIL;
   }
-  *out_gbps = gbps(r->bytes, t1 - t0);
+  *out_gbps = gbps(r->bytes, ns);
   return CLI_OK;
 }
 
@@ -788,6 +876,9 @@ static void bc_json(const bc_run *r, const bc_summary *s)
   json_u64(&j, "seed", r->cfg.seed);
   json_str(&j, "io_backend", r->backend);
   json_str(&j, "io_why", r->why);
+  json_str(&j, "raw_io", "io_uring, O_DIRECT, 1 MiB requests");
+  json_u64(&j, "raw_depth", raw_depth());
+  json_u64(&j, "raw_read_threads", raw_readers());
   json_bool(&j, "compression", d);
   json_str(&j, "units", "GB/s = 1e9 bytes of raw KV per second; medians over rounds; ratios "
                         "are medians of per-round ratios");
@@ -856,16 +947,18 @@ static void bc_human(const bc_run *r, const bc_summary *s)
     printf("  kvtier, cold_compress %d%-10s %6.3f  [%.3f-%.3f]  %7.2f  (%.2fx file per block)\n",
            c, c == d ? " (default)" : "", s->w[c].med, s->w[c].lo, s->w[c].hi, s->w_raw[c].med,
            s->w_fpb[c].med);
-  printf("  %-34s %6.3f  [%.3f-%.3f]\n", "raw O_DIRECT, fdatasync/32 MiB", s->raw_w.med,
-         s->raw_w.lo, s->raw_w.hi);
+  char how[64];
+  snprintf(how, sizeof how, "raw, depth %u, fdatasync/32 MiB", raw_depth());
+  printf("  %-34s %6.3f  [%.3f-%.3f]\n", how, s->raw_w.med, s->raw_w.lo, s->raw_w.hi);
   printf("  %-34s %6.3f  [%.3f-%.3f]  (raw: %.2fx file per block, the most kvtier can reach)\n\n",
          "one file per block, fsync each", s->fpb.med, s->fpb.lo, s->fpb.hi, s->raw_fpb.med);
   printf("  %-34s %6s  %-15s %8s\n", "read back, every layer", "GB/s", "", "vs raw");
   for (int c = 0; c < 2; c++)
     printf("  kvtier, cold_compress %d%-10s %6.3f  [%.3f-%.3f]  %7.2f\n", c,
            c == d ? " (default)" : "", s->rd[c].med, s->rd[c].lo, s->rd[c].hi, s->rd_raw[c].med);
-  printf("  %-34s %6.3f  [%.3f-%.3f]\n\n", "raw O_DIRECT, 4 MiB preads", s->raw_r.med,
-         s->raw_r.lo, s->raw_r.hi);
+  snprintf(how, sizeof how, "raw, %u threads x depth %u", raw_readers(),
+           (raw_depth() + raw_readers() - 1) / raw_readers());
+  printf("  %-34s %6.3f  [%.3f-%.3f]\n\n", how, s->raw_r.med, s->raw_r.lo, s->raw_r.hi);
   printf("  random single layer (%s), depth 1: kvtier p50 %.0f us, p99 %.0f us; raw pread "
          "p50 %.0f us, p99 %.0f us (%zu samples each)\n", fmt_bytes(b2, sizeof b2, BC_LAYER_BYTES),
          s->p50, s->p99, s->raw_p50, s->raw_p99, r->n_lat);
