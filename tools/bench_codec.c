@@ -76,8 +76,13 @@ typedef struct attend_res {
   uint32_t tokens, blocks;
   uint64_t warm_bytes;
   double att_s[ROUNDS_MAX], deq_s[ROUNDS_MAX], gat_s[ROUNDS_MAX], cmp_s[ROUNDS_MAX];
-  double ratio[ROUNDS_MAX];
-  double att, deq, gat, cmp, speedup, rel_diff; /* medians, and outputs compared */
+  double fus_s[ROUNDS_MAX];
+  double ratio[ROUNDS_MAX], fratio[ROUNDS_MAX];
+  double att, deq, gat, cmp, fus;   /* medians */
+  double speedup, fspeedup;         /* medians of the per-round ratios */
+  double speedup_m, fspeedup_m;     /* the same as ratios of the medians */
+  uint32_t rounds;                  /* run: --rounds, more until the two summaries agree */
+  double rel_diff, frel_diff;       /* outputs compared */
 } attend_res;
 
 typedef struct codec_run {
@@ -766,6 +771,76 @@ static void attend_f16(int simd, const uint16_t *k, const uint16_t *v, uint32_t 
   }
 }
 
+/* ---- dequantize a tile, then attend: the fused baseline ------------------------------ */
+
+/* What a serving engine would write without in-place kernels but without
+ * gathering either: per layer, decode one token block (K and V, every
+ * head) into an f16 tile that stays in L1/L2 and attend over it at once,
+ * with an online softmax across tiles (running max, running sum, the
+ * accumulator rescaled), so nothing is written out at full size. */
+typedef struct fused {
+  int k_codec, v_codec;
+  size_t k_len, v_len;
+  uint8_t *enc_k, *enc_v;             /* [layer][block] encodings, the engine's seeds */
+  uint16_t tk[C_VALUES], tv[C_VALUES];
+  float m[C_QHEADS], l[C_QHEADS];     /* running max and sum per query head */
+  float sc[C_GROUP * C_TOKENS];
+} fused;
+
+/* The warm tier's rotation seed of a layer (docs/format.md): the first 8
+ * bytes of the namespace seed, little-endian, + layer x 0x9E3779B97F4A7C15. */
+static uint64_t layer_seed(const kvt_key *ns_seed, uint32_t layer)
+{
+  uint64_t s = 0;
+  for (int i = 7; i >= 0; i--) s = s << 8 | ns_seed->b[i];
+  return s + layer * 0x9E3779B97F4A7C15ull;
+}
+
+/* Fold one tile's scores of query head j (p[0..C_TOKENS)) into the running
+ * state: p becomes the tile's weights on the running scale. */
+static void online_softmax(fused *f, uint32_t qh, float *p, float *out)
+{
+  float m = f->m[qh];
+  for (uint32_t t = 0; t < C_TOKENS; t++) m = fmaxf(m, p[t]);
+  const float corr = expf(f->m[qh] - m); /* 0 on the first tile (-inf) */
+  f->l[qh] *= corr;
+  for (uint32_t d = 0; d < C_DIM; d++) out[d] *= corr;
+  for (uint32_t t = 0; t < C_TOKENS; t++) f->l[qh] += (p[t] = expf(p[t] - m));
+  f->m[qh] = m;
+}
+
+static int fused_layer(fused *f, int simd, uint32_t layer, uint32_t n_blk, const float *q,
+                       float *out, uint64_t seed)
+{
+  const float scale = 1.0f / sqrtf((float)C_DIM);
+  const kvt_codec_shape cs = {C_TOKENS, C_HEADS, C_DIM, 0, seed};
+  for (uint32_t j = 0; j < C_QHEADS; j++) {
+    f->m[j] = -INFINITY;
+    f->l[j] = 0;
+  }
+  memset(out, 0, (size_t)C_QHEADS * C_DIM * sizeof *out);
+  for (uint32_t b = 0; b < n_blk; b++) {
+    size_t i = (size_t)layer * n_blk + b;
+    int rc = kvt_codec_decode(f->k_codec, &cs, f->enc_k + i * f->k_len, f->k_len, f->tk, KVT_F16);
+    if (rc == 0)
+      rc = kvt_codec_decode(f->v_codec, &cs, f->enc_v + i * f->v_len, f->v_len, f->tv, KVT_F16);
+    if (rc != 0) return rc;
+    for (uint32_t h = 0; h < C_HEADS; h++) {
+      const float *qg = q + (size_t)h * C_GROUP * C_DIM;
+      float *og = out + (size_t)h * C_GROUP * C_DIM;
+      if (simd) scores_avx2(f->tk, C_TOKENS, h, qg, scale, f->sc);
+      else scores_c(f->tk, C_TOKENS, h, qg, scale, f->sc);
+      for (uint32_t j = 0; j < C_GROUP; j++)
+        online_softmax(f, h * C_GROUP + j, f->sc + j * C_TOKENS, og + j * C_DIM);
+      if (simd) values_avx2(f->tv, C_TOKENS, h, f->sc, og);
+      else values_c(f->tv, C_TOKENS, h, f->sc, og);
+    }
+  }
+  for (uint32_t j = 0; j < C_QHEADS; j++)
+    for (uint32_t d = 0; d < C_DIM; d++) out[j * C_DIM + d] /= f->l[j];
+  return 0;
+}
+
 /* ---- attend in place against dequantize-then-attend ------------------------------------ */
 
 typedef struct att_time {
@@ -776,8 +851,10 @@ typedef struct att_time {
   uint32_t *tokens;
   uint16_t *k, *v;       /* generated, then the gather buffers */
   float *q;              /* [layer][C_QHEADS][C_DIM] */
-  float *out_a, *out_b;  /* [layer][C_QHEADS][C_DIM] */
+  float *out_a, *out_b, *out_c; /* [layer][C_QHEADS][C_DIM] */
   float *sc;             /* [C_GROUP][n_tok] */
+  fused f;               /* the fused baseline's encodings and state */
+  kvt_key ns_seed;
 } att_time;
 
 static int at_round_attend(att_time *t, double *secs)
@@ -813,6 +890,47 @@ static int at_round_dequant(att_time *t, int simd, double *secs, double *gat, do
   return CLI_OK;
 }
 
+static int at_round_fused(att_time *t, int simd, double *secs)
+{
+  const size_t nq = (size_t)C_QHEADS * C_DIM;
+  uint64_t t0 = now_ns();
+  for (uint32_t l = 0; l < C_LAYERS; l++) {
+    int rc = fused_layer(&t->f, simd, l, t->n_blk, t->q + l * nq, t->out_c + l * nq,
+                         layer_seed(&t->ns_seed, l));
+    if (rc != 0) return codec_fail("decoding a tile", rc);
+  }
+  *secs = secs_since(t0);
+  return CLI_OK;
+}
+
+/* Encode every block of every layer as the warm tier does (its seeds), for
+ * the fused baseline; the KV is the same in every layer, as put. */
+static int at_encode(att_time *t, const attend_res *a)
+{
+  fused *f = &t->f;
+  const kvt_codec_shape s0 = {C_TOKENS, C_HEADS, C_DIM, 0, 0};
+  f->k_codec = a->k_codec;
+  f->v_codec = a->v_codec;
+  f->k_len = kvt_codec_size(a->k_codec, &s0);
+  f->v_len = kvt_codec_size(a->v_codec, &s0);
+  size_t n = (size_t)C_LAYERS * t->n_blk;
+  f->enc_k = malloc(n * f->k_len);
+  f->enc_v = malloc(n * f->v_len);
+  if (!f->enc_k || !f->enc_v) return codec_fail("allocating", -ENOMEM);
+  int rc = kvt_ns_seed(t->e, t->ns, &t->ns_seed);
+  for (uint32_t l = 0; l < C_LAYERS && rc == 0; l++)
+    for (uint32_t b = 0; b < t->n_blk && rc == 0; b++) {
+      const kvt_codec_shape cs = {C_TOKENS, C_HEADS, C_DIM, 0, layer_seed(&t->ns_seed, l)};
+      size_t i = (size_t)l * t->n_blk + b, off = (size_t)b * C_VALUES;
+      int64_t nk = kvt_codec_encode(f->k_codec, &cs, t->k + off, KVT_F16, f->enc_k + i * f->k_len,
+                                    f->k_len);
+      int64_t nv = kvt_codec_encode(f->v_codec, &cs, t->v + off, KVT_F16, f->enc_v + i * f->v_len,
+                                    f->v_len);
+      rc = nk < 0 ? (int)nk : nv < 0 ? (int)nv : 0;
+    }
+  return rc ? codec_fail("encoding the fused baseline's tiles", rc) : CLI_OK;
+}
+
 static double rel_diff_f(const float *a, const float *b, size_t n)
 {
   double se = 0, ss = 0;
@@ -835,8 +953,9 @@ static int at_setup(codec_run *r, att_time *t)
   t->q = malloc(nq * sizeof *t->q);
   t->out_a = calloc(nq, sizeof *t->out_a);
   t->out_b = calloc(nq, sizeof *t->out_b);
+  t->out_c = calloc(nq, sizeof *t->out_c);
   t->sc = malloc((size_t)C_GROUP * t->n_tok * sizeof *t->sc);
-  if (!t->tokens || !t->k || !t->v || !t->q || !t->out_a || !t->out_b || !t->sc)
+  if (!t->tokens || !t->k || !t->v || !t->q || !t->out_a || !t->out_b || !t->out_c || !t->sc)
     return codec_fail("allocating", -ENOMEM);
   /* One layer's KV put in all 32: the timing does not depend on the values. */
   int rc = gen_kv(1, 0, t->n_tok, mix64(r->cfg.seed ^ 0x74696d65ull), t->k, t->v, t->tokens);
@@ -849,6 +968,8 @@ static int at_setup(codec_run *r, att_time *t)
   if (rc == 0) rc = kvt_seq_create(t->e, t->ns, &t->s);
   if (rc == 0) rc = put_context(t->s, t->tokens, t->n_blk, C_LAYERS, t->k, t->v);
   if (rc != 0) return codec_fail("putting the timed context", rc);
+  rc = at_encode(t, a);
+  if (rc != CLI_OK) return rc;
   kvt_stats st;
   rc = kvt_stats_get(t->e, &st);
   if (rc != 0) return codec_fail("reading the counters", rc);
@@ -866,10 +987,31 @@ static void at_free(att_time *t)
   free(t->q);
   free(t->out_a);
   free(t->out_b);
+  free(t->out_c);
   free(t->sc);
+  free(t->f.enc_k);
+  free(t->f.enc_v);
 }
 
-/* A B A B ...: attend in place, then gather + attend, every round. */
+/* The two summaries of a ratio across rounds: the median of the per-round
+ * ratios (drift of the machine hits both sides of a round alike) and the
+ * ratio of the medians. They agree within AGREE when the rounds are enough. */
+#define AGREE 0.05
+static int summaries_agree(const double *num, const double *den, const double *ratio,
+                           size_t n, double *med_ratio, double *ratio_med)
+{
+  double a[ROUNDS_MAX], b[ROUNDS_MAX], c[ROUNDS_MAX];
+  memcpy(a, num, n * sizeof *a);
+  memcpy(b, den, n * sizeof *b);
+  memcpy(c, ratio, n * sizeof *c);
+  *med_ratio = median_f64(c, n);
+  *ratio_med = median_f64(a, n) / median_f64(b, n);
+  return fabs(*ratio_med / *med_ratio - 1.0) <= AGREE;
+}
+
+/* A B C A B C ...: attend in place, gather + attend, the fused baseline,
+ * every round; --rounds of them, then more (up to ROUNDS_MAX) until each
+ * speedup's median of per-round ratios and ratio of medians agree. */
 static int attend_timing(codec_run *r)
 {
   att_time t;
@@ -877,30 +1019,46 @@ static int attend_timing(codec_run *r)
   memset(&t, 0, sizeof t);
   progress("bench codec: putting %u tokens x %u layers warm", a->tokens, C_LAYERS);
   int rc = at_setup(r, &t);
-  double ta = 0, td = 0, tg = 0, tc = 0;
+  double ta = 0, td = 0, tg = 0, tc = 0, tf = 0;
   if (rc == CLI_OK) rc = at_round_attend(&t, &ta); /* warm-up, and outputs compared */
   if (rc == CLI_OK) rc = at_round_dequant(&t, r->simd, &td, &tg, &tc);
-  if (rc == CLI_OK)
-    a->rel_diff = rel_diff_f(t.out_a, t.out_b, (size_t)C_LAYERS * C_QHEADS * C_DIM);
-  for (uint32_t i = 0; i < r->cfg.rounds && rc == CLI_OK; i++) {
-    progress("bench codec: attend round %u of %" PRIu64, i + 1, r->cfg.rounds);
+  if (rc == CLI_OK) rc = at_round_fused(&t, r->simd, &tf);
+  const size_t nq = (size_t)C_LAYERS * C_QHEADS * C_DIM;
+  if (rc == CLI_OK) {
+    a->rel_diff = rel_diff_f(t.out_a, t.out_b, nq);
+    a->frel_diff = rel_diff_f(t.out_a, t.out_c, nq);
+  }
+  uint32_t i = 0;
+  for (; i < ROUNDS_MAX && rc == CLI_OK; i++) {
+    if (i >= r->cfg.rounds) {
+      double x, y;
+      int ok = summaries_agree(a->deq_s, a->att_s, a->ratio, i, &x, &y) &&
+               summaries_agree(a->fus_s, a->att_s, a->fratio, i, &x, &y);
+      if (ok) break;
+    }
+    progress("bench codec: attend round %u", i + 1);
     rc = at_round_attend(&t, &ta);
     if (rc == CLI_OK) rc = at_round_dequant(&t, r->simd, &td, &tg, &tc);
+    if (rc == CLI_OK) rc = at_round_fused(&t, r->simd, &tf);
     a->att_s[i] = ta;
     a->deq_s[i] = td;
     a->gat_s[i] = tg;
     a->cmp_s[i] = tc;
+    a->fus_s[i] = tf;
     a->ratio[i] = td / ta;
+    a->fratio[i] = tf / ta;
   }
   progress_end();
   at_free(&t);
   if (rc != CLI_OK) return rc;
-  size_t n = r->cfg.rounds;
-  a->att = median_f64(a->att_s, n);
-  a->deq = median_f64(a->deq_s, n);
-  a->gat = median_f64(a->gat_s, n);
-  a->cmp = median_f64(a->cmp_s, n);
-  a->speedup = median_f64(a->ratio, n);
+  a->rounds = i;
+  summaries_agree(a->deq_s, a->att_s, a->ratio, i, &a->speedup, &a->speedup_m);
+  summaries_agree(a->fus_s, a->att_s, a->fratio, i, &a->fspeedup, &a->fspeedup_m);
+  a->att = median_f64(a->att_s, i);
+  a->deq = median_f64(a->deq_s, i);
+  a->gat = median_f64(a->gat_s, i);
+  a->cmp = median_f64(a->cmp_s, i);
+  a->fus = median_f64(a->fus_s, i);
   return CLI_OK;
 }
 
@@ -993,7 +1151,15 @@ static void json_report(const codec_run *r)
   json_f64(&j, "dequant_gather_s", a->gat);
   json_f64(&j, "dequant_compute_s", a->cmp);
   json_f64(&j, "speedup", a->speedup);
+  json_f64(&j, "speedup_ratio_of_medians", a->speedup_m);
   json_f64(&j, "outputs_rel_diff", a->rel_diff);
+  json_f64(&j, "fused_s", a->fus);
+  json_f64(&j, "speedup_vs_fused", a->fspeedup);
+  json_f64(&j, "speedup_vs_fused_ratio_of_medians", a->fspeedup_m);
+  json_f64(&j, "fused_outputs_rel_diff", a->frel_diff);
+  json_u64(&j, "rounds", a->rounds);
+  json_bool(&j, "summaries_agree", fabs(a->speedup_m / a->speedup - 1) <= AGREE &&
+                                        fabs(a->fspeedup_m / a->fspeedup - 1) <= AGREE);
   json_end(&j);
   target t[N_TARGETS];
   targets_of(r, t);
@@ -1062,8 +1228,12 @@ static void human_report(const codec_run *r)
   printf("    kvt_seq_attend           %8.2f ms\n", 1e3 * a->att);
   printf("    gather + attend (%s)  %8.2f ms  (gather %.2f, attention %.2f)\n",
          r->simd ? "AVX2" : "C   ", 1e3 * a->deq, 1e3 * a->gat, 1e3 * a->cmp);
-  printf("    speedup %.2fx (> 1: in place is faster); outputs differ by %.2g\n", a->speedup,
-         a->rel_diff);
+  printf("    tile decode + attend     %8.2f ms  (fused: one block decoded at a time, "
+         "online softmax)\n", 1e3 * a->fus);
+  printf("    speedup %.2fx vs gather + attend, %.2fx vs fused (> 1: in place is faster; medians\n"
+         "    of per-round ratios over %u rounds; ratios of medians %.2fx, %.2fx); outputs "
+         "differ by %.2g, %.2g\n", a->speedup, a->fspeedup, a->rounds, a->speedup_m,
+         a->fspeedup_m, a->rel_diff, a->frel_diff);
   target t[N_TARGETS];
   targets_of(r, t);
   printf("\n  targets:");
