@@ -1,13 +1,16 @@
 /* test_plan.c - capacity planning. The metadata-only cold tier through the
  * public API; `kvtier plan` (the binary in $KVTIER_BIN) against simulations
- * written here, independently of the engine: a plain LRU cache on a small
- * generated trace, and the Mooncake trace's maximum prefix reuse with
+ * written here, independently of the engine: a plain LRU cache and the
+ * default chain order at bounded capacities on small generated traces
+ * (with the bytes and NVMe bandwidth computed by hand), and the Mooncake
+ * trace's maximum prefix reuse with
  * unbounded capacity ($KVTIER_DATA, default $KVTIER_SRC/../shared/data;
  * skipped with the reason printed when absent, and then the program exits
  * 77 after the other cases ran, so ctest reports the skip); bad input. */
 #include "testutil.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +277,185 @@ static void test_replay_matches_lru_sim(void **state) {
     free(out);
   }
   free(r);
+  tu_rmtree(dir);
+}
+
+/* ---- an independent simulation of the default order (chain) --------------- */
+
+/* The CHAIN order as docs/capacity-planning.md and kvtier.h state it,
+ * written here on arrays (small traces only): only leaves - blocks with no
+ * stored child - are candidates; among them the tails as written (stored,
+ * never used since, never given a child) go first, then the least recently
+ * used; when only parents are left, plain recency. A block of the request
+ * at hand that it has appended already is never the victim (its sequence
+ * references it). Per request, as the replay does: the hit is the leading
+ * run of stored blocks, then block by block, in order, a stored block is
+ * used, a missing one stored (its parent the block before it). */
+typedef struct ch_ent {
+  uint32_t id, parent;
+  int has_parent, tail;
+  uint64_t tick;
+} ch_ent;
+
+typedef struct ch_sim {
+  ch_ent *e;
+  size_t n, cap;
+  uint64_t tick;
+  uint64_t hit_tokens, hit_blocks, stored, evictions, input;
+  uint64_t peak_window_blocks; /* most blocks read in one second of the trace clock */
+} ch_sim;
+
+static size_t ch_find(const ch_sim *c, uint32_t id) {
+  size_t j = 0;
+  while (j < c->n && c->e[j].id != id) j++;
+  return j;
+}
+
+static int ch_is_leaf(const ch_sim *c, size_t j) {
+  for (size_t k = 0; k < c->n; k++)
+    if (c->e[k].has_parent && c->e[k].parent == c->e[j].id) return 0;
+  return 1;
+}
+
+/* The victim for a new block of request q whose blocks 0..upto are
+ * referenced; c->n when there is none. */
+static size_t ch_victim(const ch_sim *c, const trace_req *q, uint32_t upto) {
+  size_t best[3] = {c->n, c->n, c->n}; /* tail leaves, other leaves, anything */
+  for (size_t j = 0; j < c->n; j++) {
+    int kept = 0;
+    for (uint32_t b = 0; b <= upto; b++) kept |= c->e[j].id == q->ids[b];
+    if (kept) continue;
+    int cls = !ch_is_leaf(c, j) ? 2 : c->e[j].tail ? 0 : 1;
+    if (best[cls] == c->n || c->e[j].tick < c->e[best[cls]].tick) best[cls] = j;
+    if (cls < 2 && (best[2] == c->n || c->e[j].tick < c->e[best[2]].tick)) best[2] = j;
+  }
+  return best[0] < c->n ? best[0] : best[1] < c->n ? best[1] : best[2];
+}
+
+static void ch_request(ch_sim *c, const trace_req *q, uint64_t *window_blocks) {
+  c->input += q->in_len;
+  uint32_t k = 0;
+  while (k < q->n && ch_find(c, q->ids[k]) < c->n) k++;
+  uint64_t h = (uint64_t)k * BT;
+  c->hit_tokens += h < q->in_len ? h : q->in_len;
+  c->hit_blocks += k;
+  *window_blocks += k;
+  if (*window_blocks > c->peak_window_blocks) c->peak_window_blocks = *window_blocks;
+  for (uint32_t b = 0; b < q->n; b++) {
+    size_t j = ch_find(c, q->ids[b]);
+    if (j < c->n) { /* used */
+      c->e[j].tick = ++c->tick;
+      c->e[j].tail = 0;
+      continue;
+    }
+    if (c->n == c->cap) {
+      size_t v = ch_victim(c, q, b);
+      if (v == c->n) continue; /* nothing to give up: not stored */
+      c->e[v] = c->e[--c->n];
+      c->evictions++;
+    }
+    ch_ent *e = &c->e[c->n];
+    *e = (ch_ent){.id = q->ids[b], .parent = b ? q->ids[b - 1] : 0, .has_parent = b > 0,
+                  .tick = ++c->tick};
+    e->tail = 1;
+    for (size_t x = 0; x < c->n; x++) /* stored children already: extended */
+      if (c->e[x].has_parent && c->e[x].parent == e->id) e->tail = 0;
+    if (b > 0) { /* the parent has a child now: no tail */
+      size_t pj = ch_find(c, q->ids[b - 1]);
+      if (pj < c->n) c->e[pj].tail = 0;
+    }
+    c->n++;
+    c->stored++;
+  }
+}
+
+static void chain_sim(const trace_req *r, size_t n_req, size_t cap, uint32_t ms_per_req,
+                      ch_sim *c) {
+  memset(c, 0, sizeof *c);
+  c->cap = cap;
+  c->e = calloc(cap + 1, sizeof *c->e);
+  assert_non_null(c->e);
+  uint64_t window = 0, win_blocks = 0;
+  for (size_t i = 0; i < n_req; i++) {
+    uint64_t w = (uint64_t)i * ms_per_req / 1000;
+    if (i == 0 || w != window) win_blocks = 0;
+    window = w;
+    ch_request(c, &r[i], &win_blocks);
+  }
+}
+
+/* The floating-point value after "key": in the object at section. */
+static double json_f64_in(const char *json, const char *section, const char *key) {
+  const char *p = section ? strstr(json, section) : json;
+  assert_non_null(p);
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  p = strstr(p, pat);
+  assert_non_null(p);
+  return strtod(p + strlen(pat), NULL);
+}
+
+/* The default order at bounded capacities, on random traces, against the
+ * simulation above; and the figures derived from it against hand-computed
+ * ones: bytes per token and per tier from the model's shape and the record
+ * size (kvt_cold_record_bytes, the format's own function), bytes read and
+ * written, NVMe bandwidth (mean over the trace, peak over one second). */
+static void test_replay_chain_matches_sim(void **state) {
+  (void)state;
+  const char *b = bin();
+  char *dir = tu_tmpdir(), path[512], cmd[1024];
+  /* smollm2-1.7b: 24 layers, 32 KV heads, head_dim 64, bf16 (its config.json) */
+  const uint64_t L = 24, H = 32, D = 64, per_tok = 2 * L * H * D * 2, blk = per_tok * BT;
+  const kvt_shape folded = {.n_layers = 1, .n_kv_heads = (uint32_t)(L * H), .head_dim = (uint32_t)D,
+                            .dtype = KVT_BF16, .block_tokens = BT}; /* plan folds the layers */
+  const uint64_t rec = kvt_cold_record_bytes(&folded);
+  for (int trace = 0; trace < 3; trace++) {
+    snprintf(path, sizeof path, "%s/chain%d.jsonl", dir, trace);
+    size_t n_req = 300;
+    trace_req *r = calloc(n_req, sizeof *r);
+    gen_trace(r, n_req, path);
+    const size_t caps[] = {12, 30, 70, 150};
+    for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++) {
+      ch_sim c;
+      chain_sim(r, n_req, caps[ci], 100, &c);
+      snprintf(cmd, sizeof cmd, "%s plan --model smollm2-1.7b --trace %s --cold-tokens %zu --json",
+               b, path, caps[ci] * BT);
+      int st;
+      char *out = run(cmd, &st);
+      assert_int_equal(st, 0);
+      const char *rp = "\"replay\": {";
+      print_message("trace %d, %zu blocks: simulation %llu tokens saved, %llu evictions; replay %llu, %llu\n",
+                    trace, caps[ci], (unsigned long long)c.hit_tokens,
+                    (unsigned long long)c.evictions,
+                    (unsigned long long)json_u64_in(out, rp, "prefill_tokens_saved"),
+                    (unsigned long long)json_u64_in(out, rp, "cold_evictions"));
+      assert_true(strstr(out, "\"policy\": \"chain\"") != NULL);
+      assert_int_equal(json_u64_in(out, NULL, "input_tokens"), c.input);
+      assert_int_equal(json_u64_in(out, rp, "prefill_tokens_saved"), c.hit_tokens);
+      assert_int_equal(json_u64_in(out, rp, "cold_evictions"), c.evictions);
+      assert_int_equal(json_u64_in(out, rp, "cold_blocks"), c.n);
+      /* bytes, by hand */
+      assert_int_equal(json_u64_in(out, NULL, "block_bytes"), blk);
+      assert_int_equal(json_u64_in(out, NULL, "cold_record_bytes"), rec);
+      assert_true(fabs(json_f64_in(out, "\"bytes_per_token\"", "hot") - (double)per_tok) < 0.5);
+      assert_true(fabs(json_f64_in(out, "\"bytes_per_token\"", "cold") - (double)rec / BT) < 0.5);
+      assert_int_equal(json_u64_in(out, "\"tier_bytes\": {", "cold"), c.n * rec); /* the replay's, first */
+      assert_int_equal(json_u64_in(out, rp, "cold_read_bytes"), c.hit_blocks * blk);
+      assert_int_equal(json_u64_in(out, rp, "cold_written_bytes"), c.stored * rec);
+      /* bandwidth: the trace spans (n_req - 1) * 100 ms */
+      double secs = (double)(n_req - 1) * 0.1, got;
+      got = json_f64_in(out, rp, "nvme_read_gbps_mean");
+      assert_true(fabs(got - (double)(c.hit_blocks * blk) / secs / 1e9) < 1e-4 + 1e-4 * got);
+      got = json_f64_in(out, rp, "nvme_write_gbps_mean");
+      assert_true(fabs(got - (double)(c.stored * rec) / secs / 1e9) < 1e-4 + 1e-4 * got);
+      got = json_f64_in(out, rp, "nvme_read_gbps_peak_1s");
+      assert_true(fabs(got - (double)(c.peak_window_blocks * blk) / 1e9) < 1e-4 + 1e-4 * got);
+      if (caps[ci] <= 30) assert_true(c.evictions > 0); /* the capacity did bind */
+      free(out);
+      free(c.e);
+    }
+    free(r);
+  }
   tu_rmtree(dir);
 }
 
@@ -600,6 +782,7 @@ int main(void) {
       cmocka_unit_test(test_meta_cold_chain_vs_lru),
       cmocka_unit_test(test_meta_open_rules),
       cmocka_unit_test(test_replay_matches_lru_sim),
+      cmocka_unit_test(test_replay_chain_matches_sim),
       cmocka_unit_test(test_mooncake_unbounded_is_max_reuse),
       cmocka_unit_test(test_bad_input),
       cmocka_unit_test(test_file_messages),
