@@ -102,6 +102,7 @@ static int get_u32(const uint8_t **p, const uint8_t *end, uint32_t *v) {
 static int get_str(const uint8_t **p, const uint8_t *end, char **strs, const char **out) {
   uint32_t n;
   if (get_u32(p, end, &n) || n > KVT_MAX_ID_LEN || end - *p < (ptrdiff_t)n) return -1;
+  if (memchr(*p, 0, n)) return -1; /* a NUL would cut the string: it would not encode back */
   memcpy(*strs, *p, n);
   (*strs)[n] = 0;
   *out = *strs;
