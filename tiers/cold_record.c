@@ -84,11 +84,20 @@ static int record_check(const kvt_cold_entry *e, const uint8_t *tab) {
       e->rec_len < kvt_rec_header_len(e->n_layers))
     return KVT_ECORRUPT;
   for (uint32_t l = 0; l < e->n_layers; l++) {
+    const uint8_t *row = tab + (size_t)KVT_REC_SLICE * l;
     kvt_cold_slice s;
-    kvt_rec_slice_get(tab + (size_t)KVT_REC_SLICE * l, &s);
-    if (!kvt_rec_slice_check(e, &s)) return KVT_ECORRUPT;
+    kvt_rec_slice_get(row, &s);
+    if (!kvt_rec_slice_check(e, &s) || row[13] || row[14] || row[15]) return KVT_ECORRUPT;
   }
   return 0;
+}
+
+/* Are the n bytes at p zero? What the writer leaves zero must read zero:
+ * a decoded entry or header then encodes back to the same bytes. */
+static int all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i]) return 0;
+  return 1;
 }
 
 int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold_entry *e) {
@@ -104,7 +113,8 @@ int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold
   memcpy(e->parent.b, p + 40, 16);
   e->pos = get32(p + 56);
   memcpy(e->ns_seed.b, p + 64, 16);
-  if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || len != kvt_rec_entry_len(e->n_layers))
+  if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || len != kvt_rec_entry_len(e->n_layers) ||
+      !all_zero(p + 60, 4))
     return KVT_ECORRUPT;
   return record_check(e, p + KVT_REC_ENTRY_FIXED);
 }
@@ -134,7 +144,8 @@ int kvt_rec_header_get(const uint8_t *h, size_t len, kvt_cold_entry *e, kvt_cold
   uint32_t n = get32(h + 76), hl = get32(h + 8);
   if (n == 0 || n > KVT_MAX_LAYERS || hl != kvt_rec_header_len(n) || len < hl) return KVT_ECORRUPT;
   size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * n;
-  if (get64(h + tab) != XXH3_64bits(h, tab)) return KVT_ECORRUPT;
+  if (get64(h + tab) != XXH3_64bits(h, tab) || !all_zero(h + tab + 8, hl - tab - 8))
+    return KVT_ECORRUPT;
   *e = (kvt_cold_entry){.rec_len = get32(h + 12), .seg_gen = get64(h + 16), .pos = get32(h + 72),
                         .n_layers = n, .dtype = get32(h + 80), .bytes_each = get32(h + 84)};
   memcpy(e->key.b, h + 24, 16);

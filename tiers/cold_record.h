@@ -34,7 +34,7 @@ void kvt_rec_slice_get(const uint8_t *p, kvt_cold_slice *s);
 void kvt_rec_entry_put(uint8_t *p, const kvt_cold_entry *e);
 /* Parse the block entry of key (len bytes at p) into e. 0, or
  * KVT_ECORRUPT when it is not one a reader can follow: wrong version or
- * size, n_layers out of range, an unknown dtype, a record offset or
+ * size, n_layers out of range, a reserved byte not zero, an unknown dtype, a record offset or
  * length not 4096-aligned, or a slice that is not inside the record after
  * its header (see kvt_rec_slice_check). */
 int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold_entry *e);
@@ -50,7 +50,7 @@ void kvt_rec_header_put(uint8_t *dst, const kvt_cold_entry *e, const kvt_cold_sl
 /* Parse a record header from the len bytes at h: e gets everything the
  * header holds (seg and offset are left 0) and sl its slices (room for
  * KVT_MAX_LAYERS). 0, or KVT_ECORRUPT: bad magic, a header length or
- * n_layers that do not agree, a checksum mismatch, or what
+ * n_layers that do not agree, a checksum mismatch, padding not zero, or what
  * kvt_rec_entry_get refuses. len may exceed the header (a whole record). */
 int kvt_rec_header_get(const uint8_t *h, size_t len, kvt_cold_entry *e, kvt_cold_slice *sl);
 

@@ -176,15 +176,29 @@ static int harvest(const char *dir, const char *tag) {
     free(ent);
     uint8_t *rec = read_at(dir, e.seg, e.offset, e.rec_len);
     if (!rec) continue;
+    /* header inputs: a mode byte (1: the target fixes the checksum) */
     uint32_t hl = kvt_rec_header_len(e.n_layers);
+    const uint8_t as_is = 0, fix = 1;
     snprintf(name, sizeof name, "%s_header%d", tag, i);
-    out_file("fuzz_cold_header", name, rec, hl, NULL, 0);
-    rec[12] ^= 0x40; /* rec_len changed: the checksum fails */
+    out_file("fuzz_cold_header", name, &as_is, 1, rec, hl);
+    rec[13] ^= 0x40; /* rec_len 16 MiB longer: the checksum fails */
     snprintf(name, sizeof name, "%s_header%d_flip", tag, i);
-    out_file("fuzz_cold_header", name, rec, hl, NULL, 0);
-    rec[12] ^= 0x40;
+    out_file("fuzz_cold_header", name, &as_is, 1, rec, hl);
+    snprintf(name, sizeof name, "%s_header%d_flip_fixed", tag, i); /* accepted */
+    out_file("fuzz_cold_header", name, &fix, 1, rec, hl);
+    rec[13] ^= 0x40;
+    last = rec + KVT_REC_FIXED + KVT_REC_SLICE * (e.n_layers - 1);
+    memcpy(keep, last + 4, 4);
+    memset(last + 4, 0xFF, 4); /* the last slice's stored length wraps align4k */
+    snprintf(name, sizeof name, "%s_header%d_wrap_fixed", tag, i);
+    out_file("fuzz_cold_header", name, &fix, 1, rec, hl);
+    memcpy(last + 4, keep, 4);
+    rec[hl - 1] = 1; /* the zero padding is not */
+    snprintf(name, sizeof name, "%s_header%d_pad_fixed", tag, i);
+    out_file("fuzz_cold_header", name, &fix, 1, rec, hl);
+    rec[hl - 1] = 0;
     snprintf(name, sizeof name, "%s_header%d_short", tag, i);
-    out_file("fuzz_cold_header", name, rec, hl - 1, NULL, 0);
+    out_file("fuzz_cold_header", name, &as_is, 1, rec, hl - 1);
     for (uint32_t l = 0; l < e.n_layers; l++) {
       kvt_cold_slice s;
       kvt_rec_slice_get((const uint8_t *)v.mv_data + KVT_REC_ENTRY_FIXED + KVT_REC_SLICE * l, &s);
