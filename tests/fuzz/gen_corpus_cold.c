@@ -227,6 +227,22 @@ static int harvest(const char *dir, const char *tag) {
   return 0;
 }
 
+/* Hand-made payloads for what the writer never makes: f16 planes whose
+ * first (raw) plane is one byte long, without a zstd context; element size
+ * 0 (an unknown dtype) with everything else zero. */
+static void gen_payload_odd(void) {
+  uint8_t p[24 + 9 + 8] = {0};
+  kvt_cold_slice s = {.codec = KVT_COLD_CODEC_PLANES, .raw_len = 16};
+  fz_put32(p, 2);
+  fz_put32(p + 4, 8);
+  fz_put32(p + 8, 9);
+  fz_put32(p + 16, 8);
+  out_payload("planes_rawlen_nodz", &s, KVT_F16, 8, 0, p, sizeof p);
+  memset(p, 0, sizeof p);
+  s.raw_len = 0;
+  out_payload("esize0", &s, 0, 0, 1, p, 8);
+}
+
 static void out_text(const char *target, const char *name, const char *text) {
   out_file(target, name, text, strlen(text), NULL, 0);
 }
@@ -298,6 +314,7 @@ int main(int argc, char **argv) {
     if (system(cmd)) return 1;
   }
   rmdir(tmp);
+  gen_payload_odd();
   gen_plan_trace();
   gen_attn_trace();
   fprintf(stderr, "gen_corpus_cold: %d files\n", g_files);
