@@ -102,6 +102,7 @@ static int get_u32(const uint8_t **p, const uint8_t *end, uint32_t *v) {
 static int get_str(const uint8_t **p, const uint8_t *end, char **strs, const char **out) {
   uint32_t n;
   if (get_u32(p, end, &n) || n > KVT_MAX_ID_LEN || end - *p < (ptrdiff_t)n) return -1;
+  if (memchr(*p, 0, n)) return -1; /* a NUL would cut the string: it would not encode back */
   memcpy(*strs, *p, n);
   (*strs)[n] = 0;
   *out = *strs;
@@ -121,7 +122,9 @@ int kvt_ns_decode(const uint8_t *buf, size_t len, kvt_ns_desc *d, char *strs) {
     return KVT_ECORRUPT;
   uint64_t bits = (uint64_t)hi << 32 | lo;
   memcpy(&d->rope_theta, &bits, 8);
-  if (get_u32(&p, end, &d->rope_dims) || get_str(&p, end, &strs, &d->rope_scaling) ||
+  /* rope_dims 0 is never written (kvt_ns_encode writes head_dim for it) */
+  if (get_u32(&p, end, &d->rope_dims) || d->rope_dims == 0 ||
+      get_str(&p, end, &strs, &d->rope_scaling) ||
       get_u32(&p, end, &d->tp_rank) || get_u32(&p, end, &d->tp_size) ||
       get_u32(&p, end, &d->shape.n_layers) || get_u32(&p, end, &d->shape.n_kv_heads) ||
       get_u32(&p, end, &d->shape.head_dim) || get_u32(&p, end, &d->shape.dtype) ||

@@ -409,10 +409,11 @@ static void count_read(kvt_engine *e, const kvt_lblk *b) {
 }
 
 
-/* Read (key, layer) from the cold tier. A record that fails a check is a
- * miss: the cold tier took it out of the index (only if the index still
- * pointed at what failed: a block relocated meanwhile is read where it
- * is), and the token block is no longer durable. */
+/* Read (key, layer) from the cold tier. A record that fails a check is
+ * KVT_ECORRUPT for this read and a miss from then on: the cold tier took
+ * it out of the index (only if the index still pointed at what failed: a
+ * block relocated meanwhile is read where it is), and the token block is
+ * no longer durable. */
 static int read_cold(kvt_engine *e, kvt_tblk *tb, const kvt_key *key, uint32_t layer, void *k_out,
                      void *v_out, size_t each) {
   if (!e->cold) return KVT_ENOTFOUND;
@@ -423,7 +424,7 @@ static int read_cold(kvt_engine *e, kvt_tblk *tb, const kvt_key *key, uint32_t l
     tb->cold = 0;
     pthread_mutex_unlock(&e->lock);
   }
-  return KVT_ENOTFOUND;
+  return KVT_ECORRUPT;
 }
 
 int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *v_out,
@@ -570,8 +571,9 @@ static int load_cold_submit(kvt_engine *e, kvt_load *ld) {
   return 0;
 }
 
-/* Statuses of the cold reads: a record that failed a check is a miss (the
- * cold tier took it out of the index if the index still pointed there). */
+/* Statuses of the cold reads: a record that failed a check is
+ * KVT_ECORRUPT here and a miss for lookups from now on (the cold tier
+ * took it out of the index if the index still pointed there). */
 static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
   kvt_cold_read_wait(ld->cb);
   ld->cb = NULL;
@@ -583,7 +585,6 @@ static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
       kvt_tblk *tb = kvt_index_find(e, &r->key);
       if (tb) tb->cold = 0;
       pthread_mutex_unlock(&e->lock);
-      st = KVT_ENOTFOUND;
     }
     r->status = st;
     r->tier = KVT_TIER_COLD;

@@ -509,8 +509,11 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t n_tok
 int kvt_load_submit(kvt_engine *e, kvt_ns_id ns, kvt_load_req *reqs, size_t n, kvt_load **out);
 
 /** Complete a batch: copy (dequantizing warm blocks), unpin, fill
- * reqs[i].status (0, KVT_ENOTFOUND, KVT_EBUFSIZE, KVT_ENULL, KVT_ECORRUPT)
- * and .tier, free the batch.
+ * reqs[i].status (0, KVT_ENOTFOUND, KVT_EBUFSIZE, KVT_ENULL, KVT_ECORRUPT,
+ * -errno) and .tier, free the batch. KVT_ECORRUPT: the layer's cold copy
+ * (or the block's index entry) failed a check; the request's buffers hold
+ * nothing valid, and the block left the cold tier, so later lookups
+ * and loads miss it (KVT_ENOTFOUND) instead.
  * @param n_ok may be NULL; receives how many requests succeeded.
  * @return 0 when every request succeeded, else the first failing status
  *   in request order. */
@@ -577,7 +580,9 @@ int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv);
 /** Copy one layer block out: bytes_each bytes of K to k_out and of V to
  * v_out (bytes_each = block_tokens * n_kv_heads * head_dim * dtype size).
  * @return 0; KVT_ENULL; KVT_ENOTFOUND (not appended, or layer not put);
- *   KVT_EBUFSIZE; KVT_ENOPAYLOAD. */
+ *   KVT_EBUFSIZE; KVT_ENOPAYLOAD; KVT_ECORRUPT (its cold copy failed a
+ *   check: k_out and v_out hold nothing valid, and the block left the cold tier, so
+ *   lookups miss it from now on); -errno (an I/O error). */
 int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *v_out,
                  size_t bytes_each);
 

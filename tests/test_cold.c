@@ -603,9 +603,10 @@ static void fsck_finds_and_repairs(uint32_t backend) {
 }
 BOTH(fsck_finds_and_repairs)
 
-/* A corrupted slice read through kvt_seq_read and through a load is a
- * miss (KVT_ENOTFOUND), counted in cold_checksum_failures, and its entry
- * leaves the index (for good), so lookups stop before it. */
+/* A corrupted slice read through kvt_seq_read and through a load is
+ * KVT_ECORRUPT for that read, counted in cold_checksum_failures, and its
+ * entry leaves the index (for good): every later read is a miss
+ * (KVT_ENOTFOUND) and lookups stop before it. */
 static void corrupt_read_is_miss(uint32_t backend) {
   char *dir = tu_tmpdir();
   uint64_t seed = tu_rand();
@@ -643,7 +644,7 @@ static void corrupt_read_is_miss(uint32_t backend) {
     assert_int_equal(cu_read(q, sh, salt, b1->block, l, t1, &exact), 0);
     assert_true(exact);
   }
-  assert_int_equal(cu_read(q, sh, salt, b1->block, (uint32_t)l1, t1, &exact), KVT_ENOTFOUND);
+  assert_int_equal(cu_read(q, sh, salt, b1->block, (uint32_t)l1, t1, &exact), KVT_ECORRUPT);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.cold_checksum_failures, 1);
@@ -669,9 +670,9 @@ static void corrupt_read_is_miss(uint32_t backend) {
   cu_tokens(seed, &w[b2->ns].specs[b2->spec], b2->block, sh->block_tokens, t2);
   assert_int_equal(cu_load_block(e, ids[b2->ns], sh, tu_salt(w[b2->ns].model), &b2->key, b2->block,
                                  t2, status, NULL, &n_exact, &n_wrong),
-                   KVT_ENOTFOUND);
+                   KVT_ECORRUPT);
   assert_int_equal(n_wrong, 0);
-  assert_int_equal(status[l2], KVT_ENOTFOUND);
+  assert_int_equal(status[l2], KVT_ECORRUPT);
   for (int l = 0; l < l2; l++) assert_int_equal(status[l], 0); /* read before the bad one */
   tu_stats(e, &st);
   assert_int_equal(st.cold_checksum_failures, 2);

@@ -246,7 +246,8 @@ static int in_set(const bad_set *b, const kvt_key *k) {
 }
 
 /* Load every layer of block g. Returns the number of layers that came
- * back exact, and 0..L in *missing (KVT_ENOTFOUND); anything else fails. */
+ * back exact, and 0..L in *missing (KVT_ENOTFOUND, or KVT_ECORRUPT for
+ * the read that found the record bad); anything else fails. */
 static uint32_t load_g(kvt_engine *e, kvt_ns_id ns, const scn *c, uint32_t g, uint32_t *missing) {
   kvt_shape sh = shape();
   uint32_t tok[4], n_exact, n_wrong;
@@ -258,8 +259,8 @@ static uint32_t load_g(kvt_engine *e, kvt_ns_id ns, const scn *c, uint32_t g, ui
   CHECK(n_wrong == 0); /* never other bytes */
   *missing = 0;
   for (uint32_t l = 0; l < sh.n_layers; l++) {
-    CHECK(status[l] == 0 || status[l] == KVT_ENOTFOUND);
-    *missing += status[l] == KVT_ENOTFOUND;
+    CHECK(status[l] == 0 || status[l] == KVT_ENOTFOUND || status[l] == KVT_ECORRUPT);
+    *missing += status[l] == KVT_ENOTFOUND || status[l] == KVT_ECORRUPT;
   }
   return n_exact;
 }
@@ -377,20 +378,24 @@ static void phase_reads(const char *dir, const scn *c, int *gone) {
       int span_faulted = path ? in_plan(c, ++calls[1]) : 0; /* the block's one read */
       for (uint32_t l = 0; l < sh.n_layers; l++) {
         int rc = rcs[l];
+        /* a miss: KVT_ECORRUPT for the read that found the record bad, then
+         * KVT_ENOTFOUND (the entry left the index) */
+        int miss = rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT;
         CHECK(rc != 0 || exact[l]); /* a success is always the exact bytes */
-        CHECK(rc == 0 || rc == KVT_ENOTFOUND || rc == -EIO || rc == -ENOSPC);
+        CHECK(rc == 0 || miss || rc == -EIO || rc == -ENOSPC);
         if (block_missed) { /* the entry is leaving: a miss, or bytes read before */
-          CHECK(rc == 0 || rc == KVT_ENOTFOUND);
+          CHECK(rc == 0 || miss);
           if (!path) CHECK(rc == KVT_ENOTFOUND); /* synchronous: it is gone already */
-          n_missed += rc == KVT_ENOTFOUND;
+          n_missed += miss;
           continue;
         }
         int faulted = path ? span_faulted : in_plan(c, ++calls[0]);
         if (!faulted || c->kind == K_TORN) CHECK(rc == 0); /* torn applies to writes only */
-        else if (c->kind == K_EIO) CHECK(rc == -EIO || rc == KVT_ENOTFOUND);
-        else if (c->kind == K_ENOSPC) CHECK(rc == -ENOSPC || rc == KVT_ENOTFOUND);
-        else CHECK(rc == 0 || rc == KVT_ENOTFOUND); /* a short read, or a flip */
-        if (rc == KVT_ENOTFOUND) {
+        else if (c->kind == K_EIO) CHECK(rc == -EIO || miss);
+        else if (c->kind == K_ENOSPC) CHECK(rc == -ENOSPC || miss);
+        else CHECK(rc == 0 || miss); /* a short read, or a flip */
+        if (!path && miss) CHECK(rc == KVT_ECORRUPT); /* the read that found it bad says so */
+        if (miss) {
           block_missed = 1;
           n_missed++;
         }

@@ -15,15 +15,16 @@
 #include <zstd.h>
 
 #include "tiers/cold.h"
+#include "tiers/cold_record.h"
 #include "tiers/evict.h"
 #include "tiers/hash.h"
 
 #define FORMAT_VERSION 1u
 #define READERS_MAX 2u   /* reader threads: checking and copying keep one core busy at disk speed */
-#define REC_MAGIC "KVTREC01"
-#define REC_FIXED 88u
-#define SLICE_ENTRY 24u
-#define ENTRY_FIXED 80u
+#define REC_MAGIC KVT_REC_MAGIC
+#define REC_FIXED KVT_REC_FIXED
+#define SLICE_ENTRY KVT_REC_SLICE
+#define ENTRY_FIXED KVT_REC_ENTRY_FIXED
 #define MAX_SEGS 65536u
 
 enum seg_state { SEG_FREE = 0, SEG_OPEN = 1, SEG_FULL = 2 };
@@ -146,58 +147,15 @@ static int mdb_err(int rc) {
 
 /* ---------- index entry: key -> where the record is ---------- */
 
-static size_t entry_len(uint32_t n_layers) { return ENTRY_FIXED + (size_t)SLICE_ENTRY * n_layers; }
-
-static void put_slice(uint8_t *p, const kvt_cold_slice *s) {
-  put32(p, s->rel_off);
-  put32(p + 4, s->stored_len);
-  put32(p + 8, s->raw_len);
-  p[12] = s->codec;
-  p[13] = p[14] = p[15] = 0;
-  put64(p + 16, s->checksum);
-}
-
-static void get_slice(const uint8_t *p, kvt_cold_slice *s) {
-  s->rel_off = get32(p);
-  s->stored_len = get32(p + 4);
-  s->raw_len = get32(p + 8);
-  s->codec = p[12];
-  s->checksum = get64(p + 16);
-}
-
-static void put_entry(uint8_t *p, const kvt_cold_entry *e) {
-  put32(p, FORMAT_VERSION);
-  put32(p + 4, e->seg);
-  put64(p + 8, e->seg_gen);
-  put64(p + 16, e->offset);
-  put32(p + 24, e->rec_len);
-  put32(p + 28, e->n_layers);
-  put32(p + 32, e->dtype);
-  put32(p + 36, e->bytes_each);
-  memcpy(p + 40, e->parent.b, 16);
-  put32(p + 56, e->pos);
-  put32(p + 60, 0);
-  memcpy(p + 64, e->ns_seed.b, 16);
-}
+/* The byte layouts are cold_record.c's; these name them for the code below. */
+static size_t entry_len(uint32_t n_layers) { return kvt_rec_entry_len(n_layers); }
+static void put_slice(uint8_t *p, const kvt_cold_slice *s) { kvt_rec_slice_put(p, s); }
+static void get_slice(const uint8_t *p, kvt_cold_slice *s) { kvt_rec_slice_get(p, s); }
+static void put_entry(uint8_t *p, const kvt_cold_entry *e) { kvt_rec_entry_put(p, e); }
 
 /* Parse an index value; KVT_ECORRUPT when it is not one. */
 static int get_entry(const kvt_key *key, const MDB_val *v, kvt_cold_entry *e) {
-  const uint8_t *p = v->mv_data;
-  if (v->mv_size < ENTRY_FIXED || get32(p) != FORMAT_VERSION) return KVT_ECORRUPT;
-  e->key = *key;
-  e->seg = get32(p + 4);
-  e->seg_gen = get64(p + 8);
-  e->offset = get64(p + 16);
-  e->rec_len = get32(p + 24);
-  e->n_layers = get32(p + 28);
-  e->dtype = get32(p + 32);
-  e->bytes_each = get32(p + 36);
-  memcpy(e->parent.b, p + 40, 16);
-  e->pos = get32(p + 56);
-  memcpy(e->ns_seed.b, p + 64, 16);
-  if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || v->mv_size != entry_len(e->n_layers))
-    return KVT_ECORRUPT;
-  return 0;
+  return kvt_rec_entry_get(key, v->mv_data, v->mv_size, e);
 }
 
 static const uint8_t *entry_slice(const MDB_val *v, uint32_t layer) {
@@ -553,11 +511,9 @@ int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *, const kvt_key *, const uint8
 
 /* ---------- records ---------- */
 
-static uint32_t header_len(uint32_t n_layers) {
-  return (uint32_t)align4k(REC_FIXED + (uint64_t)SLICE_ENTRY * n_layers + 8);
-}
+static uint32_t header_len(uint32_t n_layers) { return kvt_rec_header_len(n_layers); }
 
-static uint32_t planes_overhead(uint32_t esize) { return 8 + 8 * esize; }
+static uint32_t planes_overhead(uint32_t esize) { return kvt_rec_planes_overhead(esize); }
 
 /* A slice on disk, at most. Byte planes are kept only when they save at
  * least 1/16 of the raw size (build_payload), which outweighs their
@@ -703,21 +659,7 @@ static uint32_t build_record(kvt_cold *c, const kvt_cold_rec *r, uint64_t gen, u
   *e = (kvt_cold_entry){.seg_gen = gen, .rec_len = off, .n_layers = r->n_layers,
                         .dtype = r->dtype, .bytes_each = r->bytes_each, .pos = r->pos,
                         .key = r->key, .parent = r->parent, .ns_seed = r->ns_seed};
-  memset(dst, 0, hl);
-  memcpy(dst, REC_MAGIC, 8);
-  put32(dst + 8, hl);
-  put32(dst + 12, off);
-  put64(dst + 16, gen);
-  memcpy(dst + 24, r->key.b, 16);
-  memcpy(dst + 40, r->parent.b, 16);
-  memcpy(dst + 56, r->ns_seed.b, 16);
-  put32(dst + 72, r->pos);
-  put32(dst + 76, r->n_layers);
-  put32(dst + 80, r->dtype);
-  put32(dst + 84, r->bytes_each);
-  for (uint32_t l = 0; l < r->n_layers; l++) put_slice(dst + REC_FIXED + SLICE_ENTRY * l, &sl[l]);
-  size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * r->n_layers;
-  put64(dst + tab, XXH3_64bits(dst, tab));
+  kvt_rec_header_put(dst, e, sl);
   *staged = st;
   return off;
 }
@@ -1479,62 +1421,11 @@ static int slice_ok(const uint8_t *p, const kvt_cold_entry *e, uint32_t layer, c
   return kvt_hash64(p, s->stored_len, slice_seed(&e->key, layer, e->seg_gen)) == s->checksum;
 }
 
-/* Put byte plane p (n elements of esize bytes) back into K||V, K being
- * the first `each` bytes. */
-static void plane_join(const uint8_t *pl, size_t n, uint32_t esize, uint32_t p, uint8_t *k,
-                       uint8_t *v, size_t each) {
-  size_t nk = each / esize;
-  for (size_t i = 0; i < n; i++) {
-    uint8_t *dst = i < nk ? k + i * esize : v + (i - nk) * esize;
-    dst[p] = pl[i];
-  }
-}
-
-/* Both planes of f16 at once: K and V element by element. */
-static void planes_join2(const uint8_t *lo, const uint8_t *hi, size_t n, uint8_t *k, uint8_t *v,
-                         size_t each) {
-  size_t nk = each / 2;
-  for (size_t i = 0; i < n; i++) { /* k and v are the caller's: any alignment */
-    uint16_t w = (uint16_t)(lo[i] | hi[i] << 8);
-    memcpy(i < nk ? k + 2 * i : v + 2 * (i - nk), &w, 2);
-  }
-}
-
 /* Decode a checked payload into K||V split across k_out and v_out; dz
  * decompresses (one thread at a time). */
 static int decode_payload(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s, uint32_t esize,
                           void *k_out, void *v_out, size_t each) {
-  if (s->raw_len != 2 * each) return KVT_ECORRUPT;
-  if (s->codec == KVT_COLD_CODEC_RAW) {
-    if (s->stored_len != s->raw_len) return KVT_ECORRUPT;
-    memcpy(k_out, p, each);
-    memcpy(v_out, p + each, each);
-    return 0;
-  }
-  if (s->codec != KVT_COLD_CODEC_PLANES || s->stored_len < planes_overhead(esize) ||
-      get32(p) != esize || (uint64_t)get32(p + 4) * esize != s->raw_len || each % esize)
-    return KVT_ECORRUPT;
-  size_t n = get32(p + 4), off = planes_overhead(esize);
-  uint8_t *planes = malloc(esize == 2 ? 2 * n : n); /* f16: both planes, joined at once */
-  int rc = planes ? 0 : -ENOMEM;
-  for (uint32_t pi = 0; !rc && pi < esize; pi++) {
-    const uint8_t *ph = p + 8 + 8 * pi;
-    size_t len = get32(ph);
-    uint8_t *plane = esize == 2 ? planes + pi * n : planes;
-    if (off + len > s->stored_len || ph[4] > 1) {
-      rc = KVT_ECORRUPT;
-      break;
-    }
-    if (ph[4] == 0 && len == n) memcpy(plane, p + off, n);
-    else if (ph[4] != 1 || !dz || ZSTD_decompressDCtx(dz, plane, n, p + off, len) != n)
-      rc = dz ? KVT_ECORRUPT : -ENOMEM;
-    if (!rc && esize != 2) plane_join(plane, n, esize, pi, k_out, v_out, each);
-    off += len;
-  }
-  if (!rc && off != s->stored_len) rc = KVT_ECORRUPT;
-  if (!rc && esize == 2) planes_join2(planes, planes + n, n, k_out, v_out, each);
-  free(planes);
-  return rc;
+  return kvt_rec_payload_decode(dz, p, s, esize, k_out, v_out, each);
 }
 
 /* decode_payload for a synchronous read (any thread). */

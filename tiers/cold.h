@@ -171,7 +171,7 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n);
  * reading only that layer's slice. Returns 0; KVT_ENOTFOUND; KVT_ECORRUPT
  * (a check failed: counted, and the entry left the index if it still
  * pointed at what failed - a record relocated meanwhile is read again
- * where it is; the caller treats it as a miss); KVT_EBUFSIZE; -errno. Any
+ * where it is; the caller reports it, and later lookups miss); KVT_EBUFSIZE; -errno. Any
  * thread. */
 int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out, void *v_out,
                         size_t bytes_each);

@@ -108,7 +108,7 @@ int trace_read_rec(FILE *f, trace_rec *r) {
   if (got == 0) return 0;
   if (got != sizeof b) return -EPROTO;
   *r = (trace_rec){get32(b), get32(b + 4), get32(b + 8), get32(b + 12)};
-  return 1;
+  return r->n_blocks >= 1 && r->n_blocks <= TRACE_MAX_BLOCKS ? 1 : -EPROTO;
 }
 
 int trace_read_entries(FILE *f, const trace_rec *r, trace_entry *e) {

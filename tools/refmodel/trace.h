@@ -15,6 +15,7 @@
 #define TRACE_HDR_BYTES 128u
 #define TRACE_REC_BYTES 16u   /* a record header */
 #define TRACE_ENTRY_BYTES 16u /* one block of a record */
+#define TRACE_MAX_BLOCKS (1u << 20) /* n_blocks of one record, at most (a reader's limit) */
 
 typedef struct trace_hdr {
   uint32_t version, n_layers, n_q_heads, n_kv_heads, head_dim, block_tokens, seq_len, scorer;
@@ -43,7 +44,9 @@ int trace_close(trace_w *w);
 
 /* Reading: 0; -EPROTO for a bad header (magic, version, sizes). */
 int trace_read_hdr(FILE *f, trace_hdr *h);
-/* The next record's header: 1, 0 at a clean end, -EPROTO when truncated. */
+/* The next record's header: 1, 0 at a clean end, -EPROTO when truncated
+ * or n_blocks is 0 or over TRACE_MAX_BLOCKS (the caller sizes the entries
+ * from it before reading them). */
 int trace_read_rec(FILE *f, trace_rec *r);
 /* Its entries, r->n_blocks of them: 0 or -EPROTO. */
 int trace_read_entries(FILE *f, const trace_rec *r, trace_entry *e);

@@ -1,0 +1,214 @@
+/* cold_record.c - the cold tier's byte formats (cold_record.h): block
+ * entries, record headers and slice payloads, encoded and checked as pure
+ * functions of their bytes. docs/format.md ("Cold tier") is the spec. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io.h"
+#include "tiers/cold_record.h"
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
+static uint32_t get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << 8 * i;
+  return v;
+}
+static uint64_t get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << 8 * i;
+  return v;
+}
+static uint64_t align4k(uint64_t n) { return (n + KVT_IO_ALIGN - 1) & ~(uint64_t)(KVT_IO_ALIGN - 1); }
+
+size_t kvt_rec_entry_len(uint32_t n_layers) {
+  return KVT_REC_ENTRY_FIXED + (size_t)KVT_REC_SLICE * n_layers;
+}
+
+uint32_t kvt_rec_header_len(uint32_t n_layers) {
+  return (uint32_t)align4k(KVT_REC_FIXED + (uint64_t)KVT_REC_SLICE * n_layers + 8);
+}
+
+uint32_t kvt_rec_planes_overhead(uint32_t esize) { return 8 + 8 * esize; }
+
+void kvt_rec_slice_put(uint8_t *p, const kvt_cold_slice *s) {
+  put32(p, s->rel_off);
+  put32(p + 4, s->stored_len);
+  put32(p + 8, s->raw_len);
+  p[12] = s->codec;
+  p[13] = p[14] = p[15] = 0;
+  put64(p + 16, s->checksum);
+}
+
+void kvt_rec_slice_get(const uint8_t *p, kvt_cold_slice *s) {
+  s->rel_off = get32(p);
+  s->stored_len = get32(p + 4);
+  s->raw_len = get32(p + 8);
+  s->codec = p[12];
+  s->checksum = get64(p + 16);
+}
+
+void kvt_rec_entry_put(uint8_t *p, const kvt_cold_entry *e) {
+  put32(p, KVT_REC_FORMAT);
+  put32(p + 4, e->seg);
+  put64(p + 8, e->seg_gen);
+  put64(p + 16, e->offset);
+  put32(p + 24, e->rec_len);
+  put32(p + 28, e->n_layers);
+  put32(p + 32, e->dtype);
+  put32(p + 36, e->bytes_each);
+  memcpy(p + 40, e->parent.b, 16);
+  put32(p + 56, e->pos);
+  put32(p + 60, 0);
+  memcpy(p + 64, e->ns_seed.b, 16);
+}
+
+int kvt_rec_slice_check(const kvt_cold_entry *e, const kvt_cold_slice *s) {
+  uint32_t esize = (uint32_t)kvt_dtype_size(e->dtype);
+  if (s->rel_off % KVT_IO_ALIGN || s->rel_off < kvt_rec_header_len(e->n_layers) ||
+      s->rel_off + align4k(s->stored_len) > e->rec_len || s->raw_len != 2 * (uint64_t)e->bytes_each)
+    return 0;
+  if (s->codec == KVT_COLD_CODEC_RAW) return s->stored_len == s->raw_len;
+  return s->codec == KVT_COLD_CODEC_PLANES && esize >= 2 &&
+         s->stored_len >= kvt_rec_planes_overhead(esize);
+}
+
+/* What an entry and a header both say of a record, and its slices. */
+static int record_check(const kvt_cold_entry *e, const uint8_t *tab) {
+  if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || kvt_dtype_size(e->dtype) == 0 ||
+      e->bytes_each == 0 || e->offset % KVT_IO_ALIGN || e->rec_len % KVT_IO_ALIGN ||
+      e->rec_len < kvt_rec_header_len(e->n_layers))
+    return KVT_ECORRUPT;
+  for (uint32_t l = 0; l < e->n_layers; l++) {
+    const uint8_t *row = tab + (size_t)KVT_REC_SLICE * l;
+    kvt_cold_slice s;
+    kvt_rec_slice_get(row, &s);
+    if (!kvt_rec_slice_check(e, &s) || row[13] || row[14] || row[15]) return KVT_ECORRUPT;
+  }
+  return 0;
+}
+
+/* Are the n bytes at p zero? What the writer leaves zero must read zero:
+ * a decoded entry or header then encodes back to the same bytes. */
+static int all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i]) return 0;
+  return 1;
+}
+
+int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold_entry *e) {
+  if (len < KVT_REC_ENTRY_FIXED || get32(p) != KVT_REC_FORMAT) return KVT_ECORRUPT;
+  e->key = *key;
+  e->seg = get32(p + 4);
+  e->seg_gen = get64(p + 8);
+  e->offset = get64(p + 16);
+  e->rec_len = get32(p + 24);
+  e->n_layers = get32(p + 28);
+  e->dtype = get32(p + 32);
+  e->bytes_each = get32(p + 36);
+  memcpy(e->parent.b, p + 40, 16);
+  e->pos = get32(p + 56);
+  memcpy(e->ns_seed.b, p + 64, 16);
+  if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || len != kvt_rec_entry_len(e->n_layers) ||
+      !all_zero(p + 60, 4))
+    return KVT_ECORRUPT;
+  return record_check(e, p + KVT_REC_ENTRY_FIXED);
+}
+
+void kvt_rec_header_put(uint8_t *dst, const kvt_cold_entry *e, const kvt_cold_slice *sl) {
+  uint32_t hl = kvt_rec_header_len(e->n_layers);
+  memset(dst, 0, hl);
+  memcpy(dst, KVT_REC_MAGIC, 8);
+  put32(dst + 8, hl);
+  put32(dst + 12, e->rec_len);
+  put64(dst + 16, e->seg_gen);
+  memcpy(dst + 24, e->key.b, 16);
+  memcpy(dst + 40, e->parent.b, 16);
+  memcpy(dst + 56, e->ns_seed.b, 16);
+  put32(dst + 72, e->pos);
+  put32(dst + 76, e->n_layers);
+  put32(dst + 80, e->dtype);
+  put32(dst + 84, e->bytes_each);
+  for (uint32_t l = 0; l < e->n_layers; l++)
+    kvt_rec_slice_put(dst + KVT_REC_FIXED + KVT_REC_SLICE * l, &sl[l]);
+  size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * e->n_layers;
+  put64(dst + tab, XXH3_64bits(dst, tab));
+}
+
+int kvt_rec_header_get(const uint8_t *h, size_t len, kvt_cold_entry *e, kvt_cold_slice *sl) {
+  if (len < KVT_REC_FIXED || memcmp(h, KVT_REC_MAGIC, 8)) return KVT_ECORRUPT;
+  uint32_t n = get32(h + 76), hl = get32(h + 8);
+  if (n == 0 || n > KVT_MAX_LAYERS || hl != kvt_rec_header_len(n) || len < hl) return KVT_ECORRUPT;
+  size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * n;
+  if (get64(h + tab) != XXH3_64bits(h, tab) || !all_zero(h + tab + 8, hl - tab - 8))
+    return KVT_ECORRUPT;
+  *e = (kvt_cold_entry){.rec_len = get32(h + 12), .seg_gen = get64(h + 16), .pos = get32(h + 72),
+                        .n_layers = n, .dtype = get32(h + 80), .bytes_each = get32(h + 84)};
+  memcpy(e->key.b, h + 24, 16);
+  memcpy(e->parent.b, h + 40, 16);
+  memcpy(e->ns_seed.b, h + 56, 16);
+  int rc = record_check(e, h + KVT_REC_FIXED);
+  for (uint32_t l = 0; !rc && l < n; l++) kvt_rec_slice_get(h + KVT_REC_FIXED + KVT_REC_SLICE * l, &sl[l]);
+  return rc;
+}
+
+/* Put byte plane p (n elements of esize bytes) back into K||V, K being
+ * the first `each` bytes. */
+static void plane_join(const uint8_t *pl, size_t n, uint32_t esize, uint32_t p, uint8_t *k,
+                       uint8_t *v, size_t each) {
+  size_t nk = each / esize;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *dst = i < nk ? k + i * esize : v + (i - nk) * esize;
+    dst[p] = pl[i];
+  }
+}
+
+/* Both planes of f16 at once: K and V element by element. */
+static void planes_join2(const uint8_t *lo, const uint8_t *hi, size_t n, uint8_t *k, uint8_t *v,
+                         size_t each) {
+  size_t nk = each / 2;
+  for (size_t i = 0; i < n; i++) { /* k and v are the caller's: any alignment */
+    uint16_t w = (uint16_t)(lo[i] | hi[i] << 8);
+    memcpy(i < nk ? k + 2 * i : v + 2 * (i - nk), &w, 2);
+  }
+}
+
+int kvt_rec_payload_decode(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s,
+                           uint32_t esize, void *k_out, void *v_out, size_t each) {
+  if (s->raw_len != 2 * (uint64_t)each) return KVT_ECORRUPT;
+  if (s->codec == KVT_COLD_CODEC_RAW) {
+    if (s->stored_len != s->raw_len) return KVT_ECORRUPT;
+    memcpy(k_out, p, each);
+    memcpy(v_out, p + each, each);
+    return 0;
+  }
+  if (s->codec != KVT_COLD_CODEC_PLANES || esize == 0 ||
+      s->stored_len < kvt_rec_planes_overhead(esize) || get32(p) != esize ||
+      (uint64_t)get32(p + 4) * esize != s->raw_len || each % esize)
+    return KVT_ECORRUPT;
+  size_t n = get32(p + 4), off = kvt_rec_planes_overhead(esize);
+  uint8_t *planes = malloc(esize == 2 ? 2 * n + 1 : n + 1); /* f16: both planes, joined at once */
+  int rc = planes ? 0 : -ENOMEM;
+  for (uint32_t pi = 0; !rc && pi < esize; pi++) {
+    const uint8_t *ph = p + 8 + 8 * pi;
+    size_t len = get32(ph);
+    uint8_t *plane = esize == 2 ? planes + pi * n : planes;
+    if (off + len > s->stored_len || ph[4] > 1 || (ph[4] == 0 && len != n)) {
+      rc = KVT_ECORRUPT;
+      break;
+    }
+    if (ph[4] == 0) memcpy(plane, p + off, n);
+    else if (!dz) rc = -ENOMEM;
+    else if (ZSTD_decompressDCtx(dz, plane, n, p + off, len) != n) rc = KVT_ECORRUPT;
+    if (!rc && esize != 2) plane_join(plane, n, esize, pi, k_out, v_out, each);
+    off += len;
+  }
+  if (!rc && off != s->stored_len) rc = KVT_ECORRUPT;
+  if (!rc && esize == 2) planes_join2(planes, planes + n, n, k_out, v_out, each);
+  free(planes);
+  return rc;
+}
