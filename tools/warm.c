@@ -13,8 +13,7 @@
 #include "refcli.h"
 #include "util.h"
 
-#define WARM_COLD_BYTES (64ull << 30) /* cold tier limit; segments keep the default
-                                         size, which `kvtier stat` assumes */
+#define WARM_COLD_BYTES (64ull << 30) /* cold tier limit; segments keep the default size */
 
 typedef struct warm_cfg {
   const char *model, *tokens, *tokenizer, *prompts, *dir;
