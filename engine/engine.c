@@ -204,6 +204,7 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
     st->cold_checksum_failures = cs.checksum_failures;
     st->cold_write_failures = cs.write_failures;
     st->cold_segments = cs.segments;
+    st->cold_segment_bytes = cs.segment_bytes;
     st->tier_bytes[KVT_TIER_COLD] = cs.live_bytes;
     st->tier_blocks[KVT_TIER_COLD] = cs.records;
     st->tier_limit[KVT_TIER_COLD] = cs.bytes_limit;

@@ -325,6 +325,7 @@ typedef struct kvt_stats {
   uint64_t cold_checksum_failures; /**< cold reads refused by a check (each a miss) */
   uint64_t cold_write_failures;    /**< groups the cold tier failed to write */
   uint64_t cold_segments;
+  uint64_t cold_segment_bytes; /**< one segment file, as the store records it (0 without files) */
   uint64_t cold_reclaims;    /**< segments reclaimed (freed for reuse) by this engine */
   uint64_t cold_relocated;   /**< referenced blocks written again out of reclaimed segments */
   char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */

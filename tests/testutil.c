@@ -297,7 +297,8 @@ static const struct {
     F(lookup_blocks_hit), F(lookup_blocks_miss), F(reads), F(reads_exact), F4(evictions),
     F(put_full), F(demotions), F(reads_approx), F(attends), F(cold_records), F(cold_queued),
     F(cold_written), F(cold_reads), F(cold_read_bytes), F(cold_write_bytes),
-    F(cold_checksum_failures), F(cold_write_failures), F(cold_segments), F(cold_reclaims),
+    F(cold_checksum_failures), F(cold_write_failures), F(cold_segments), F(cold_segment_bytes),
+    F(cold_reclaims),
     F(cold_relocated),
 };
 

@@ -57,6 +57,7 @@ typedef struct demo_run {
   uint64_t agents_hit;             /* agents whose lookup found blocks */
   uint64_t tblocks_adopted, tblocks_computed, layer_puts, gathers;
   uint64_t tblocks_loaded_cold;    /* durable, not in RAM: loaded, checked, put */
+  uint64_t tblocks_load_missed;    /* durable, but the load failed its check: recomputed */
   uint64_t found_by_tier[KVT_N_TIERS]; /* token blocks lookups found, by tier */
   uint64_t blocks_at_open;         /* layer blocks in RAM tiers (0: a fresh process) */
   uint64_t tblocks_at_open;        /* token blocks in the cold tier */
@@ -211,11 +212,15 @@ static int agent_put_block(demo_run *r, kvt_seq *s, uint32_t b)
   return CLI_OK;
 }
 
+#define DEMO_MISS 3 /* agent_load_cold: the stored block cannot be loaded; compute it */
+
 /* A token block that is durable but not in RAM (stored by an earlier run):
  * load every layer from the cold tier as a serving engine would instead of
  * computing it, check the bytes against the model's KV, and put them so
  * attention has them in RAM (a put of a durable block adds a RAM copy
- * only; nothing is written again). */
+ * only; nothing is written again). A record that fails its check
+ * (KVT_ECORRUPT, or KVT_ENOTFOUND once the cold tier has dropped it) is a
+ * miss: DEMO_MISS, nothing put. */
 static int agent_load_cold(demo_run *r, uint32_t a, kvt_seq *s, uint32_t b, const kvt_key *key)
 {
   for (uint32_t l = 0; l < DEMO_LAYERS; l++)
@@ -225,6 +230,7 @@ static int agent_load_cold(demo_run *r, uint32_t a, kvt_seq *s, uint32_t b, cons
   kvt_load *ld = NULL;
   int rc = kvt_load_submit(r->e, r->ns, r->reqs, DEMO_LAYERS, &ld);
   if (rc == 0) rc = kvt_load_wait(ld, NULL);
+  if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) return DEMO_MISS;
   if (rc != 0) {
     char what[96];
     snprintf(what, sizeof what, "loading block %u of agent %u from the cold tier", b, a);
@@ -251,7 +257,9 @@ static int agent_load_cold(demo_run *r, uint32_t a, kvt_seq *s, uint32_t b, cons
 /* What a serving engine does with a new request: ask how much of the
  * prefix is stored and where, then append each token block; layers in RAM
  * are adopted, durable blocks are loaded from the cold tier, the others
- * are computed (here: generated) and put. */
+ * are computed (here: generated) and put. Once a stored block cannot be
+ * loaded, it and every later block not in RAM are computed: a serving
+ * engine's prefill continues from its first miss. */
 static int agent_prefill(demo_run *r, uint32_t a)
 {
   size_t found = 0;
@@ -262,6 +270,7 @@ static int agent_prefill(demo_run *r, uint32_t a)
     if (r->found[i].tier < KVT_N_TIERS) r->found_by_tier[r->found[i].tier]++;
   rc = kvt_seq_create(r->e, r->ns, &r->seqs[a]);
   if (rc != 0) return demo_fail("creating the agent's sequence", rc);
+  int missed = 0;
   for (uint32_t b = 0; b < DEMO_BLOCKS; b++) {
     kvt_append_info info;
     rc = kvt_seq_append(r->seqs[a], r->tokens + (size_t)b * DEMO_BLOCK_TOKENS, DEMO_BLOCK_TOKENS,
@@ -271,13 +280,16 @@ static int agent_prefill(demo_run *r, uint32_t a)
       r->tblocks_adopted++;
       continue;
     }
-    if (info.durable) {
+    if (info.durable && !missed) {
       rc = agent_load_cold(r, a, r->seqs[a], b, &info.key);
-      if (rc != CLI_OK) return rc;
-      continue;
+      if (rc == CLI_OK) continue;
+      if (rc != DEMO_MISS) return rc;
+      r->tblocks_load_missed++;
+      missed = 1;
     }
-    /* Partly present (some layers evicted): the count does not say which,
-     * so put every layer; the present ones are dedup hits. */
+    /* Not stored, a miss, or partly present (some layers evicted): the
+     * count does not say which, so put every layer; the present ones are
+     * dedup hits. */
     r->tblocks_computed++;
     rc = agent_put_block(r, r->seqs[a], b);
     if (rc != CLI_OK) return rc;
@@ -433,6 +445,7 @@ static void report_json(const demo_run *r)
   for (int t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) json_u64(&j, tier_names[t], r->found_by_tier[t]);
   json_end(&j);
   json_u64(&j, "token_blocks_loaded_cold", r->tblocks_loaded_cold);
+  json_u64(&j, "token_blocks_load_missed", r->tblocks_load_missed);
   json_u64(&j, "stored_bytes", stored_bytes(st));
   json_u64(&j, "total_bytes", st->total_bytes);
   json_u64(&j, "private_bytes", private_bytes(r));
@@ -501,6 +514,9 @@ static void report_human(const demo_run *r)
   printf("  found    by lookup: %" PRIu64 " token blocks in hot, %" PRIu64 " in warm, %" PRIu64
          " in cold; %" PRIu64 " loaded from cold\n", r->found_by_tier[KVT_TIER_HOT],
          r->found_by_tier[KVT_TIER_WARM], r->found_by_tier[KVT_TIER_COLD], r->tblocks_loaded_cold);
+  if (r->tblocks_load_missed)
+    printf("  missed   %" PRIu64 " stored token blocks failed their check when loaded: computed "
+           "again, with the rest of their agent's context\n", r->tblocks_load_missed);
   printf("  durable  kvt_sync: %" PRIu64 " token blocks in the cold tier (%" PRIu64 " segments, "
          "%s written by this run); %" PRIu64 " of %" PRIu64 " agents fully durable\n",
          st->cold_records, st->cold_segments, fmt_bytes(b1, sizeof b1, st->cold_write_bytes),

@@ -5,11 +5,14 @@
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 
 #include "plan.h"
+
+#define PLAN_CONFIG_MAX (16u << 20) /* bytes of a config.json, at most */
 
 /* From each model's config.json on the Hugging Face hub. */
 static const plan_model builtin[] = {
@@ -46,17 +49,62 @@ int plan_model_builtin(const char *name, plan_model *m)
   return -1;
 }
 
-/* A positive integer member, or 0 when absent or not one. */
-static uint64_t member_u64(json_t *o, const char *key)
+/* The line of the first "key": in text, or 0. jansson keeps no positions
+ * of values, and a message that names the line saves a search. */
+static int key_line(const char *text, const char *key)
+{
+  size_t kl = strlen(key);
+  int line = 1;
+  for (const char *p = text; *p; p++) {
+    if (*p == '\n') line++;
+    if (*p != '"' || strncmp(p + 1, key, kl) || p[1 + kl] != '"') continue;
+    const char *q = p + 2 + kl;
+    while (*q == ' ' || *q == '\t' || *q == '\r' || *q == '\n') q++;
+    if (*q == ':') return line;
+  }
+  return 0;
+}
+
+static void field_fail(const char *path, const char *text, const char *key, const char *why)
+{
+  int line = key_line(text, key);
+  if (line) fprintf(stderr, "kvtier plan: %s: line %d: %s: %s\n", path, line, key, why);
+  else fprintf(stderr, "kvtier plan: %s: %s: %s\n", path, key, why);
+}
+
+/* A positive integer member, or 0 when absent or null; -1 (after saying
+ * so) when present and anything else: a wrong size is refused, not
+ * replaced by a default. */
+static int64_t member_u64(json_t *o, const char *key, const char *path, const char *text)
 {
   json_t *v = json_object_get(o, key);
-  if (!json_is_integer(v) || json_integer_value(v) <= 0) return 0;
-  return (uint64_t)json_integer_value(v);
+  if (!v || json_is_null(v)) return 0;
+  if (json_is_integer(v) && json_integer_value(v) > 0) return (int64_t)json_integer_value(v);
+  char *vs = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT), why[120];
+  snprintf(why, sizeof why, "%.60s is not a positive integer", vs ? vs : "the value");
+  free(vs);
+  field_fail(path, text, key, why);
+  return -1;
 }
 
 static int config_fail(const char *path, const char *why)
 {
   fprintf(stderr, "kvtier plan: %s: %s\n", path, why);
+  return -1;
+}
+
+/* dtype names as config.json writes them (torch's), or -1 after saying so. */
+static int config_dtype(json_t *dt, const char *key, const char *path, const char *text)
+{
+  if (!dt || json_is_null(dt)) return KVT_BF16; /* the common default */
+  const char *s = json_is_string(dt) ? json_string_value(dt) : "";
+  if (strcmp(s, "float32") == 0) return KVT_F32;
+  if (strcmp(s, "float16") == 0) return KVT_F16;
+  if (strcmp(s, "bfloat16") == 0) return KVT_BF16;
+  char *vs = json_dumps(dt, JSON_ENCODE_ANY | JSON_COMPACT), why[120];
+  snprintf(why, sizeof why, "%.60s is not one of float32, float16, bfloat16", vs ? vs : "the value");
+  free(vs);
+  field_fail(path, text, key, why);
   return -1;
 }
 
@@ -70,6 +118,50 @@ static double estimate_params(uint64_t L, uint64_t h, uint64_t kvd, uint64_t int
   return (double)L * per_layer + 2.0 * (double)vocab * (double)h;
 }
 
+/* Line of byte offset at in text (1-based). */
+static int line_at(const char *text, size_t at)
+{
+  int line = 1;
+  for (size_t i = 0; i < at; i++) line += text[i] == '\n';
+  return line;
+}
+
+/* The whole file, NUL-ended, or NULL after saying why. */
+static char *config_read(const char *path, FILE *f, size_t size, size_t *len)
+{
+  if (size > PLAN_CONFIG_MAX) {
+    fprintf(stderr, "kvtier plan: %s: %zu bytes, more than a config.json takes (16 MiB)\n", path,
+            size);
+    return NULL;
+  }
+  char *text = malloc(size + 1);
+  if (!text) {
+    config_fail(path, "out of memory");
+    return NULL;
+  }
+  *len = fread(text, 1, size, f);
+  text[*len] = 0;
+  const char *nul = memchr(text, 0, *len); /* jansson would stop there, unseen */
+  if (nul) {
+    fprintf(stderr, "kvtier plan: %s: line %d: a NUL byte\n", path,
+            line_at(text, (size_t)(nul - text)));
+    free(text);
+    return NULL;
+  }
+  return text;
+}
+
+/* The sizes config.json gives; -1 after saying which is wrong. */
+static int config_sizes(json_t *c, const char *path, const char *text, int64_t v[7])
+{
+  static const char *const keys[7] = {"num_hidden_layers", "num_attention_heads",
+                                      "num_key_value_heads", "head_dim", "hidden_size",
+                                      "intermediate_size", "vocab_size"};
+  for (int i = 0; i < 7; i++)
+    if ((v[i] = member_u64(c, keys[i], path, text)) < 0) return -1;
+  return 0;
+}
+
 int plan_model_config(const char *path, plan_model *m)
 {
   json_error_t err;
@@ -81,22 +173,27 @@ int plan_model_config(const char *path, plan_model *m)
     fprintf(stderr, "kvtier plan: %s: cannot open: %s\n", path, strerror(e));
     return -1;
   }
-  json_t *root = json_loadf(f, 0, &err);
+  size_t len = 0;
+  char *src = config_read(path, f, (size_t)sb.st_size, &len);
   fclose(f);
+  if (!src) return -1;
+  json_t *root = json_loadb(src, len, 0, &err);
   if (!root) {
     if (err.line > 0) fprintf(stderr, "kvtier plan: %s: line %d: %s\n", path, err.line, err.text);
     else fprintf(stderr, "kvtier plan: %s: %s\n", path, err.text);
+    free(src);
     return -1;
   }
   int rc = 0;
   json_t *text = json_object_get(root, "text_config"); /* multimodal configs nest it */
   json_t *c = json_is_object(text) ? text : root;
-  uint64_t L = member_u64(c, "num_hidden_layers"), q = member_u64(c, "num_attention_heads");
-  uint64_t kv = member_u64(c, "num_key_value_heads"), d = member_u64(c, "head_dim");
-  uint64_t h = member_u64(c, "hidden_size");
+  int64_t v[7] = {0};
   if (!json_is_object(root)) rc = config_fail(path, "not a JSON object");
-  else if (!L) rc = config_fail(path, "no positive integer num_hidden_layers");
-  else if (!q && !kv) rc = config_fail(path, "no num_key_value_heads or num_attention_heads");
+  else rc = config_sizes(c, path, src, v);
+  uint64_t L = (uint64_t)v[0], q = (uint64_t)v[1], kv = (uint64_t)v[2], d = (uint64_t)v[3];
+  uint64_t h = (uint64_t)v[4];
+  if (!rc && !L) rc = config_fail(path, "no positive integer num_hidden_layers");
+  else if (!rc && !q && !kv) rc = config_fail(path, "no num_key_value_heads or num_attention_heads");
   if (!rc) {
     if (!kv) kv = q;
     if (!d && h && q && h % q == 0) d = h / q;
@@ -104,6 +201,16 @@ int plan_model_config(const char *path, plan_model *m)
   }
   if (!rc && (L > KVT_MAX_LAYERS || kv > KVT_MAX_HEADS || d > KVT_MAX_HEAD_DIM))
     rc = config_fail(path, "layers, KV heads or head_dim beyond kvtier's limits (1024 each)");
+  /* "dtype" in newer configs, "torch_dtype" in older ones */
+  json_t *dt = NULL;
+  const char *keys[2] = {"dtype", "torch_dtype"}, *dt_key = keys[0];
+  for (int k = 0; !rc && k < 2 && (!dt || json_is_null(dt)); k++) {
+    dt_key = keys[k];
+    dt = json_object_get(c, keys[k]);
+    if (!dt || json_is_null(dt)) dt = json_object_get(root, keys[k]);
+  }
+  int dtype = rc ? -1 : config_dtype(dt, dt_key, path, src);
+  if (!rc && dtype < 0) rc = -1;
   if (!rc) {
     const char *base = strrchr(path, '/');
     snprintf(m->name, sizeof m->name, "%s", base ? base + 1 : path);
@@ -113,18 +220,10 @@ int plan_model_config(const char *path, plan_model *m)
     m->n_layers = (uint32_t)L;
     m->n_kv_heads = (uint32_t)kv;
     m->head_dim = (uint32_t)d;
-    /* "dtype" in newer configs, "torch_dtype" in older ones */
-    json_t *dt = NULL;
-    const char *keys[2] = {"dtype", "torch_dtype"};
-    for (int k = 0; k < 2 && !json_is_string(dt); k++) {
-      dt = json_object_get(c, keys[k]);
-      if (!json_is_string(dt)) dt = json_object_get(root, keys[k]);
-    }
-    const char *dts = json_is_string(dt) ? json_string_value(dt) : "bfloat16";
-    m->dtype = strcmp(dts, "float32") == 0 ? KVT_F32 : strcmp(dts, "float16") == 0 ? KVT_F16 : KVT_BF16;
-    m->params = estimate_params(L, h ? h : q * d, kv * d, member_u64(c, "intermediate_size"),
-                                member_u64(c, "vocab_size"));
+    m->dtype = (uint32_t)dtype;
+    m->params = estimate_params(L, h ? h : q * d, kv * d, (uint64_t)v[5], (uint64_t)v[6]);
   }
   json_decref(root);
+  free(src);
   return rc;
 }

@@ -3,6 +3,7 @@
  * "hash_ids": [...]}, one id per 512-token prefix block: equal ids mean an
  * equal prefix up to that block), read with jansson; and synthetic ones. */
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +57,9 @@ static int64_t member_int(json_t *o, const char *key, int64_t max)
   return x < 0 || x > max ? -1 : (int64_t)x;
 }
 
+/* A timestamp past this is no clock reading (about 32 years, in ms). */
+#define PLAN_MAX_T_MS 1e12
+
 static int line_fail(const char *path, size_t line, const char *why)
 {
   fprintf(stderr, "kvtier plan: %s: line %zu: %s\n", path, line, why);
@@ -79,12 +83,21 @@ static int parse_line(plan_trace *t, const char *path, size_t line_no, const cha
   double t_ms = json_is_number(ts) ? json_number_value(ts) : -1;
   if (!json_is_object(o)) rc = line_fail(path, line_no, "not a JSON object");
   else if (!(t_ms >= 0) || !isfinite(t_ms)) rc = line_fail(path, line_no, "timestamp missing or negative");
+  else if (t_ms > PLAN_MAX_T_MS)
+    rc = line_fail(path, line_no, "timestamp beyond 1e12 ms (32 years): not a trace's clock");
   else if (in <= 0) rc = line_fail(path, line_no, "input_length missing, not a positive integer, or too large");
   else if (out < 0) rc = line_fail(path, line_no, "output_length missing or not a non-negative integer");
   else if (!json_is_array(ids) || json_array_size(ids) == 0)
     rc = line_fail(path, line_no, "hash_ids missing or empty");
   else if (json_array_size(ids) > PLAN_MAX_BLOCKS)
     rc = line_fail(path, line_no, "more than 65536 hash_ids");
+  else if (json_array_size(ids) > ((uint64_t)in + PLAN_BLOCK_TOKENS - 1) / PLAN_BLOCK_TOKENS) {
+    char why[160];
+    snprintf(why, sizeof why, "hash_ids: %zu ids, more than the %" PRIu64 " blocks of 512 tokens "
+             "that input_length %" PRId64 " makes", json_array_size(ids),
+             ((uint64_t)in + PLAN_BLOCK_TOKENS - 1) / PLAN_BLOCK_TOKENS, in);
+    rc = line_fail(path, line_no, why);
+  }
   else if (t->n && t_ms < t->reqs[t->n - 1].t_ms)
     rc = line_fail(path, line_no, "timestamp earlier than the line before (the trace must be in time order)");
   plan_req *r = NULL;
@@ -125,6 +138,13 @@ int plan_trace_load(const char *path, plan_trace *t)
     size_t n = (size_t)len;
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ')) line[--n] = 0;
     if (n == 0) continue; /* blank lines are allowed */
+    const char *nul = memchr(line, 0, n); /* would end the JSON early, unseen */
+    if (nul) {
+      char why[80];
+      snprintf(why, sizeof why, "a NUL byte at column %zu", (size_t)(nul - line) + 1);
+      rc = line_fail(path, line_no, why);
+      break;
+    }
     rc = parse_line(t, path, line_no, line);
   }
   if (!rc && ferror(f)) { /* a read error is the file's, not a line's */

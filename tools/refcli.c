@@ -80,8 +80,16 @@ int ref_read_tokens(const char *cmd, const char *path, uint32_t vocab, uint32_t 
   size_t cap = 0, count = 0, room = 0, lineno = 0;
   uint32_t **s = NULL, *l = NULL, *buf = malloc(max_len * sizeof *buf);
   int rc = buf ? CLI_OK : CLI_FAIL;
-  while (rc == CLI_OK && getline(&line, &cap, f) > 0) {
+  ssize_t len;
+  while (rc == CLI_OK && (len = getline(&line, &cap, f)) > 0) {
     lineno++;
+    const char *nul = memchr(line, 0, (size_t)len); /* would end the line early, unseen */
+    if (nul) {
+      fprintf(stderr, "kvtier %s: %s line %zu: a NUL byte at column %zu (token ids are text)\n",
+              cmd, path, lineno, (size_t)(nul - line) + 1);
+      rc = CLI_FAIL;
+      break;
+    }
     const char *why = NULL;
     long k = parse_line(line, vocab, max_len, buf, &why);
     if (k < 0) {

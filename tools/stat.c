@@ -68,17 +68,14 @@ static void seg_files_scan(const char *dir, seg_files *sf)
 
 typedef struct stat_cfg {
   const char *dir;
-  uint64_t segment_mib;
   int json;
 } stat_cfg;
 
-#define STAT_N_OPTS 2
+#define STAT_N_OPTS 1
 
 static void stat_opts(stat_cfg *c, cli_opt o[STAT_N_OPTS])
 {
   const cli_opt t[STAT_N_OPTS] = {
-      {"--segment-mib", "N", CLI_U64, &c->segment_mib, 1, 1u << 20,
-       "the store's segment size in MiB, for the fill (default 64)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
   };
   memcpy(o, t, sizeof t);
@@ -89,19 +86,20 @@ void stat_usage(FILE *f)
   stat_cfg c;
   cli_opt o[STAT_N_OPTS];
   stat_opts(&c, o);
-  fprintf(f, "usage: kvtier stat DIR [--segment-mib N] [--json]\n\n"
+  fprintf(f, "usage: kvtier stat DIR [--json]\n\n"
              "Opens the store in DIR read-only (no lock: works beside a live writer) and\n"
              "prints its namespaces (model, fingerprint, tensor-parallel rank, shape), the\n"
              "blocks and bytes per tier, the cold tier's records, segments and their fill\n"
-             "(live bytes / (segments x segment size)), checksum failures and the I/O\n"
-             "backend with the reason it was chosen. The RAM tiers are those of this\n"
-             "read-only process (empty): what the store holds is its cold tier.\n\noptions:\n");
+             "(live bytes / (segments x the segment size the store records)), checksum\n"
+             "failures and the I/O backend with the reason it was chosen. The RAM tiers\n"
+             "are those of this read-only process (empty): what the store holds is its\n"
+             "cold tier.\n\noptions:\n");
   cli_print_opts(f, o, STAT_N_OPTS);
 }
 
 /* Split argv[1..argc) into the one positional DIR and the options, which
  * go to rest[0..*n_rest) for cli_parse(). A value after an option that
- * takes one ("--segment-mib 64") is not a positional. */
+ * takes one ("--opt VALUE") is not a positional. */
 static int take_dir(const char *cmd, int argc, char **argv, const cli_opt *opts, size_t n_opts,
                     const char **dir, char **rest, int *n_rest)
 {
@@ -196,7 +194,7 @@ static int stat_collect(stat_run *r)
     if (rc != 0) return cli_lib_error("stat", "reading a namespace's seed", rc);
   }
   seg_files_scan(r->cfg.dir, &r->sf);
-  r->segment_bytes = r->cfg.segment_mib << 20;
+  r->segment_bytes = r->st.cold_segment_bytes; /* recorded in the store at its creation */
   return CLI_OK;
 }
 
@@ -257,7 +255,7 @@ static void stat_json(const stat_run *r)
   json_u64(&j, "live_bytes", st->tier_bytes[KVT_TIER_COLD]);
   json_u64(&j, "segments", st->cold_segments);
   json_u64(&j, "segment_bytes", r->segment_bytes);
-  json_str(&j, "segment_bytes_source", "assumed (--segment-mib); kvt_stats does not report it");
+  json_str(&j, "segment_bytes_source", "the store");
   json_f64(&j, "fill", fill(r));
   json_u64(&j, "segment_files", r->sf.n);
   json_u64(&j, "segment_file_bytes", r->sf.bytes);
@@ -304,15 +302,14 @@ static void stat_human(const stat_run *r)
   }
   printf("\ncold tier: %" PRIu64 " records (token blocks), %s live\n", st->cold_records,
          fmt_bytes(b1, sizeof b1, st->tier_bytes[KVT_TIER_COLD]));
-  printf("  segments %" PRIu64 " of %s (assumed, --segment-mib): fill %.1f%% "
+  printf("  segments %" PRIu64 " of %s: fill %.1f%% "
          "(live / (segments x segment size))\n", st->cold_segments,
          fmt_bytes(b1, sizeof b1, r->segment_bytes), 100.0 * fill(r));
   printf("  on disk  %" PRIu64 " segment files, %s appended (%.1f%% of it live)\n", r->sf.n,
          fmt_bytes(b2, sizeof b2, r->sf.bytes),
          r->sf.bytes ? 100.0 * (double)st->tier_bytes[KVT_TIER_COLD] / (double)r->sf.bytes : 0.0);
   if (r->sf.largest > r->segment_bytes)
-    printf("  note     a segment file holds %s, more than the assumed segment size: pass the\n"
-           "           store's --segment-mib for a right fill figure\n",
+    printf("  note     a segment file holds %s, more than the segment size the store records\n",
            fmt_bytes(b3, sizeof b3, r->sf.largest));
   printf("  checksum failures %" PRIu64 " (reads by this process; 'kvtier fsck' checks every "
          "record)\n", st->cold_checksum_failures);
@@ -323,7 +320,6 @@ int cmd_stat(int argc, char **argv)
 {
   stat_run r;
   memset(&r, 0, sizeof r);
-  r.cfg.segment_mib = 64;
   cli_opt o[STAT_N_OPTS];
   stat_opts(&r.cfg, o);
   int want_help = 0;

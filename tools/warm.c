@@ -6,6 +6,7 @@
  * sequence resumes from the longest prefix already stored. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,8 +14,7 @@
 #include "refcli.h"
 #include "util.h"
 
-#define WARM_COLD_BYTES (64ull << 30) /* cold tier limit; segments keep the default
-                                         size, which `kvtier stat` assumes */
+#define WARM_COLD_BYTES (64ull << 30) /* cold tier limit; segments keep the default size */
 
 typedef struct warm_cfg {
   const char *model, *tokens, *tokenizer, *prompts, *dir;
@@ -53,7 +53,7 @@ void warm_usage(FILE *f) {
           "partial block is not stored). A sequence whose prefix is stored already, by an\n"
           "earlier line or an earlier run, loads it and computes only the rest. Prompts\n"
           "are encoded with BOS first. Reports sequences, tokens, blocks written,\n"
-          "blocks deduplicated and tokens per second.\n\noptions:\n",
+          "blocks deduplicated and tokens computed per second.\n\noptions:\n",
           REF_BLOCK_TOKENS);
   cli_print_opts(f, o, WARM_N_OPTS);
 }
@@ -83,12 +83,34 @@ static int warm_encode(const warm_cfg *c, const rm_model *m, uint32_t ***seqs, u
     lineno++;
     while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
     if (len == 0) continue;
+    const char *nul = memchr(line, 0, (size_t)len);
+    if (nul) {
+      fprintf(stderr, "kvtier warm: %s line %zu: a NUL byte at column %zu (prompts are text)\n",
+              c->prompts, lineno, (size_t)(nul - line) + 1);
+      rc = CLI_FAIL;
+      break;
+    }
+    /* Refused before encoding: BPE time grows with the line, the context does not. */
+    size_t least = 1 + rm_tok_min_ids(&t, (size_t)len);
+    if (least > ctx) {
+      fprintf(stderr, "kvtier warm: %s line %zu: %zd bytes, at least %zu tokens, beyond the "
+              "model's context (%u)\n", c->prompts, lineno, len, least, ctx);
+      rc = CLI_FAIL;
+      break;
+    }
     uint32_t *ids = malloc(((size_t)len + 3) * sizeof *ids);
     size_t k = 0;
     uint32_t **ns = realloc(s, (count + 1) * sizeof *ns), *nl = ns ? realloc(l, (count + 1) * sizeof *nl) : NULL;
     if (ns) s = ns;
     if (nl) l = nl;
-    if (!ids || !ns || !nl || rm_tok_encode(&t, line, 1, ids, (size_t)len + 3, &k)) {
+    int erc = ids && ns && nl ? rm_tok_encode(&t, line, 1, ids, (size_t)len + 3, &k) : -1;
+    if (erc == -2) {
+      free(ids);
+      fprintf(stderr, "kvtier warm: %s line %zu: byte 0x%02x at column %zu has no piece in the "
+              "tokenizer and no byte-fallback id below its vocabulary size (%u)\n", c->prompts,
+              lineno, (unsigned)(uint8_t)line[k], k + 1, t.vocab_size);
+      rc = CLI_FAIL;
+    } else if (erc) {
       free(ids);
       fprintf(stderr, "kvtier warm: out of memory encoding %s\n", c->prompts);
       rc = CLI_FAIL;
@@ -120,7 +142,9 @@ static int warm_encode(const warm_cfg *c, const rm_model *m, uint32_t ***seqs, u
 }
 
 /* One sequence: resume from what is stored, compute the rest of its full
- * blocks (each completed block is appended and put, layer by layer). */
+ * blocks (each completed block is appended and put, layer by layer). A
+ * stored block that fails its check when loaded is a miss: computed again
+ * with the rest, and written again. */
 static int warm_one(kvt_engine *e, kvt_ns_id ns, const rm_model *m, const uint32_t *tok,
                     uint32_t n, warm_totals *t) {
   uint32_t full = n / REF_BLOCK_TOKENS * REF_BLOCK_TOKENS;
@@ -130,16 +154,25 @@ static int warm_one(kvt_engine *e, kvt_ns_id ns, const rm_model *m, const uint32
   t->sequences++;
   t->tokens += n;
   t->blocks += full / REF_BLOCK_TOKENS;
-  t->dedup += found;
-  if (found * REF_BLOCK_TOKENS == full) return 0; /* every full block stored already */
+  if (found * REF_BLOCK_TOKENS == full) { /* every full block stored already */
+    t->dedup += found;
+    return 0;
+  }
   rm_dec d;
   if ((rc = rm_dec_init(&d, m, e, ns))) return rc;
   d.observe = 0; /* no policy runs here: nothing to observe for */
-  rc = rm_dec_resume(&d, tok, full, &done);
+  rc = rm_dec_resume(&d, tok, full, &done); /* stops at a stored block that fails its check */
+  t->dedup += done / REF_BLOCK_TOKENS;
   for (uint32_t p = (uint32_t)done; !rc && p < full; p++) rc = rm_dec_step(&d, tok[p], NULL);
   t->computed += full - done;
   rm_dec_free(&d);
   return rc;
+}
+
+/* Tokens computed per second; NaN (null in JSON) when nothing was computed:
+ * tokens found stored cost no computing and say nothing of its speed. */
+static double warm_rate(const warm_totals *t) {
+  return t->computed && t->seconds > 0 ? (double)t->computed / t->seconds : NAN;
 }
 
 static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, const uint32_t *lens,
@@ -189,7 +222,7 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
     json_u64(&j, "blocks_deduplicated", t.dedup);
     json_u64(&j, "cold_records", s1.cold_records);
     json_f64(&j, "seconds", t.seconds);
-    json_f64(&j, "tokens_per_s", (double)t.tokens / t.seconds);
+    json_f64(&j, "tokens_per_s", warm_rate(&t)); /* null: nothing computed */
     json_end(&j);
     return CLI_OK;
   }
@@ -202,8 +235,10 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
   printf("  blocks written       %10" PRIu64 "  (durable, all layers)\n", t.written);
   printf("  blocks deduplicated  %10" PRIu64 "  (stored already: shared prefixes)\n", t.dedup);
   printf("  store                %10" PRIu64 " token blocks in the cold tier\n", s1.cold_records);
-  printf("  speed                %10.0f tokens/s  (%.2f s)\n", (double)t.tokens / t.seconds,
-         t.seconds);
+  if (t.computed)
+    printf("  speed                %10.0f tokens/s computed  (%.2f s)\n", warm_rate(&t), t.seconds);
+  else
+    printf("  speed                %10s  (nothing computed; %.2f s)\n", "-", t.seconds);
   return CLI_OK;
 }
 

@@ -307,25 +307,30 @@ int rm_dec_resume(rm_dec *d, const uint32_t *tokens, size_t n, size_t *n_tokens)
   if (!d->e || d->pos) return KVT_ESTATE;
   const rm_model *m = d->m;
   uint32_t L = (uint32_t)m->c.n_layers;
-  size_t found = 0, each = (size_t)d->bt * m->kv_dim * sizeof(float);
+  size_t found = 0, nk = 0, each = (size_t)d->bt * m->kv_dim * sizeof(float);
   if (n > (size_t)m->c.seq_len) n = (size_t)m->c.seq_len;
   int rc = kvt_lookup(d->e, d->ns, tokens, n ? n - 1 : 0, NULL, 0, &found);
+  if (rc || !found) return rc;
   kvt_load_req *req = calloc(L, sizeof *req);
-  if (!req) return -ENOMEM;
-  for (size_t b = 0; !rc && b < found; b++) {
+  kvt_key *keys = calloc(found, sizeof *keys);
+  if (!req || !keys) rc = -ENOMEM;
+  if (!rc) rc = kvt_keys(d->e, d->ns, tokens, found * d->bt, keys, found, &nk);
+  for (size_t b = 0; !rc && b < nk; b++) {
+    /* Load before appending: a block that cannot be loaded is not in the
+     * sequence, and the caller computes it and the rest. */
+    for (uint32_t l = 0; l < L; l++)
+      req[l] = (kvt_load_req){.key = keys[b], .layer = l,
+                              .k_out = d->k_tail + (size_t)l * d->bt * m->kv_dim,
+                              .v_out = d->v_tail + (size_t)l * d->bt * m->kv_dim,
+                              .bytes_each = each};
+    kvt_load *ld;
+    if ((rc = kvt_load_submit(d->e, d->ns, req, L, &ld)) || (rc = kvt_load_wait(ld, NULL))) {
+      if (rc == KVT_ENOTFOUND || rc == KVT_ECORRUPT) rc = 0; /* failed its check, or gone */
+      break;
+    }
     kvt_append_info info;
     const uint32_t *bt = tokens + b * d->bt;
     if ((rc = kvt_seq_append(d->s, bt, d->bt, &info))) break;
-    /* Load what was not adopted into the tail buffers, then put it. */
-    size_t nr = 0;
-    for (uint32_t l = 0; l < L; l++) {
-      float *k = d->k_tail + (size_t)l * d->bt * m->kv_dim;
-      req[nr++] = (kvt_load_req){.key = info.key, .layer = l, .k_out = k,
-                                 .v_out = d->v_tail + (size_t)l * d->bt * m->kv_dim,
-                                 .bytes_each = each};
-    }
-    kvt_load *ld;
-    if ((rc = kvt_load_submit(d->e, d->ns, req, nr, &ld)) || (rc = kvt_load_wait(ld, NULL))) break;
     for (uint32_t l = 0; !rc && l < L; l++) {
       kvt_kv kv = {.k = req[l].k_out, .v = req[l].v_out, .dtype = KVT_F32, .n_tokens = d->bt,
                    .n_heads = (uint32_t)m->c.n_kv_heads, .head_dim = m->head_dim};
@@ -335,6 +340,7 @@ int rm_dec_resume(rm_dec *d, const uint32_t *tokens, size_t n, size_t *n_tokens)
     d->pos = (uint32_t)((b + 1) * d->bt);
   }
   free(req);
+  free(keys);
   *n_tokens = d->pos;
   return rc;
 }

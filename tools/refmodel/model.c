@@ -162,7 +162,10 @@ int rm_tok_load(const char *path, uint32_t vocab_size, rm_tokenizer *t, char *er
       rc = fail(err, err_len, "out of memory");
     else if (fread(t->vocab[i], 1, (size_t)len, f) != (size_t)len)
       rc = fail(err, err_len, "%s: truncated at token %u of %u", path, i, vocab_size);
-    else t->vocab[i][len] = 0, refs[i] = (piece_ref){t->vocab[i], i};
+    else {
+      t->vocab[i][len] = 0, refs[i] = (piece_ref){t->vocab[i], i};
+      if ((uint32_t)len > t->longest) t->longest = (uint32_t)len;
+    }
   }
   fclose(f);
   if (!rc && !(t->sorted = malloc(vocab_size * sizeof *t->sorted))) rc = fail(err, err_len, "out of memory");
@@ -191,23 +194,110 @@ static int str_lookup(const rm_tokenizer *t, const char *s) {
   return -1;
 }
 
-/* Merge the adjacent pair whose concatenation is the best scored piece,
- * until none is a piece (llama2.c's encode). */
-static void bpe_merge(const rm_tokenizer *t, uint32_t *tok, size_t *n, char *buf) {
-  for (;;) {
-    float best = -1e10f;
-    int best_id = -1;
-    size_t best_i = 0;
-    for (size_t i = 0; i + 1 < *n; i++) {
-      snprintf(buf, 2 * t->max_len + 3, "%s%s", t->vocab[tok[i]], t->vocab[tok[i + 1]]);
-      int id = str_lookup(t, buf);
-      if (id >= 0 && t->scores[id] > best) best = t->scores[id], best_id = id, best_i = i;
-    }
-    if (best_id < 0) return;
-    tok[best_i] = (uint32_t)best_id;
-    memmove(tok + best_i + 1, tok + best_i + 2, (*n - best_i - 2) * sizeof *tok);
-    (*n)--;
+/* BPE by score (llama2.c's encode): repeatedly merge the adjacent pair
+ * whose concatenation is the best scored piece, the leftmost of equals,
+ * until no pair is a piece. Done in O(n log n): the symbols form a linked
+ * list and every adjacent pair that is a piece waits in a max-heap
+ * (score, then leftmost); a merge pushes the two new pairs it makes, and
+ * an entry whose pair has changed since it was pushed is skipped when
+ * popped. Symbol indices are never reused and a symbol's next only moves
+ * right, so "i is alive, next[i] is still j and j still holds id_j" says
+ * the pair is unchanged. */
+typedef struct bpe_cand {
+  float score;
+  uint32_t i, j, id_j, merged; /* left and right symbol, right's id, the merged piece */
+} bpe_cand;
+
+typedef struct bpe_state {
+  const rm_tokenizer *t;
+  uint32_t *tok, *next, *prev; /* prev/next: UINT32_MAX at the ends */
+  bpe_cand *heap;
+  size_t n_heap, cap_heap;
+  char *buf;                   /* two pieces and a NUL */
+} bpe_state;
+
+#define BPE_NONE UINT32_MAX
+#define BPE_MIN_SCORE -1e10f /* a piece scored at most this is never merged (llama2.c) */
+
+/* a before b in the heap: higher score, then further left */
+static int cand_before(const bpe_cand *a, const bpe_cand *b) {
+  return a->score > b->score || (a->score == b->score && a->i < b->i);
+}
+
+/* Push the pair (i, j) if its concatenation is a piece worth merging. */
+static int bpe_push(bpe_state *b, uint32_t i, uint32_t j) {
+  if (i == BPE_NONE || j == BPE_NONE) return 0;
+  const rm_tokenizer *t = b->t;
+  snprintf(b->buf, 2 * (size_t)t->max_len + 3, "%s%s", t->vocab[b->tok[i]], t->vocab[b->tok[j]]);
+  int id = str_lookup(t, b->buf);
+  if (id < 0 || !(t->scores[id] > BPE_MIN_SCORE)) return 0;
+  if (b->n_heap == b->cap_heap) {
+    size_t cap = b->cap_heap ? 2 * b->cap_heap : 64;
+    bpe_cand *h = realloc(b->heap, cap * sizeof *h);
+    if (!h) return -1;
+    b->heap = h, b->cap_heap = cap;
   }
+  bpe_cand c = {t->scores[id], i, j, b->tok[j], (uint32_t)id};
+  size_t k = b->n_heap++;
+  while (k > 0 && cand_before(&c, &b->heap[(k - 1) / 2])) {
+    b->heap[k] = b->heap[(k - 1) / 2];
+    k = (k - 1) / 2;
+  }
+  b->heap[k] = c;
+  return 0;
+}
+
+static bpe_cand bpe_pop(bpe_state *b) {
+  bpe_cand top = b->heap[0], last = b->heap[--b->n_heap];
+  size_t k = 0, n = b->n_heap;
+  for (;;) {
+    size_t c = 2 * k + 1;
+    if (c >= n) break;
+    if (c + 1 < n && cand_before(&b->heap[c + 1], &b->heap[c])) c++;
+    if (!cand_before(&b->heap[c], &last)) break;
+    b->heap[k] = b->heap[c];
+    k = c;
+  }
+  if (n) b->heap[k] = last;
+  return top;
+}
+
+/* Merge tok[0..*n) in place; 0, or -1 out of memory. */
+static int bpe_merge(const rm_tokenizer *t, uint32_t *tok, size_t *n, char *buf) {
+  size_t len = *n;
+  if (len < 2) return 0;
+  bpe_state b = {t, tok, malloc(len * sizeof(uint32_t)), malloc(len * sizeof(uint32_t)), NULL,
+                 0, 0, buf};
+  int rc = b.next && b.prev ? 0 : -1;
+  for (size_t i = 0; !rc && i < len; i++) {
+    b.prev[i] = i ? (uint32_t)i - 1 : BPE_NONE;
+    b.next[i] = i + 1 < len ? (uint32_t)i + 1 : BPE_NONE;
+  }
+  for (size_t i = 0; !rc && i + 1 < len; i++) rc = bpe_push(&b, (uint32_t)i, (uint32_t)i + 1);
+  while (!rc && b.n_heap) {
+    bpe_cand c = bpe_pop(&b);
+    if (b.prev[c.i] == c.i || b.next[c.i] != c.j || tok[c.j] != c.id_j) continue; /* stale */
+    tok[c.i] = c.merged;
+    uint32_t k = b.next[c.j];
+    b.next[c.i] = k;
+    if (k != BPE_NONE) b.prev[k] = c.i;
+    b.prev[c.j] = c.j; /* dead: its own prev */
+    rc = bpe_push(&b, b.prev[c.i], c.i);
+    if (!rc) rc = bpe_push(&b, c.i, k);
+  }
+  size_t m = 0; /* the list, left to right, is the survivors in index order */
+  for (size_t i = 0; !rc && i < len; i++)
+    if (b.prev[i] != (uint32_t)i) tok[m++] = tok[i];
+  if (!rc) *n = m;
+  free(b.next);
+  free(b.prev);
+  free(b.heap);
+  return rc;
+}
+
+size_t rm_tok_min_ids(const rm_tokenizer *t, size_t bytes) {
+  size_t longest = t->longest ? t->longest : 1;
+  return (bytes + longest - 1) / longest;
 }
 
 int rm_tok_encode(const rm_tokenizer *t, const char *text, int bos, uint32_t *out, size_t max,
@@ -231,12 +321,21 @@ int rm_tok_encode(const rm_tokenizer *t, const char *text, int bos, uint32_t *ou
     int id = str_lookup(t, cp);
     if (id >= 0) out[k++] = (uint32_t)id;
     else
-      for (size_t i = 0; i < cl; i++) out[k++] = (uint8_t)cp[i] + 3u; /* byte fallback */
+      for (size_t i = 0; i < cl; i++) {
+        uint32_t b = (uint8_t)cp[i] + 3u; /* byte fallback: <0x00> is id 3 */
+        if (b >= t->vocab_size) { /* a vocabulary without byte pieces */
+          free(buf);
+          *n = (size_t)(c - text) + 1 - cl + i;
+          return -2;
+        }
+        out[k++] = b;
+      }
     cl = 0;
   }
   size_t m = bos ? k - 1 : k;
-  bpe_merge(t, bos ? out + 1 : out, &m, buf);
+  int rc = bpe_merge(t, bos ? out + 1 : out, &m, buf);
   free(buf);
+  if (rc) return -1;
   *n = bos ? m + 1 : m;
   return 0;
 }

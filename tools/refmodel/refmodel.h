@@ -49,15 +49,23 @@ typedef struct rm_tokenizer {
   float *scores;       /* [vocab_size] merge scores */
   uint32_t *sorted;    /* ids sorted by piece, for lookups */
   uint32_t vocab_size, max_len;
+  uint32_t longest;    /* bytes of the longest piece */
   char bytes[512];     /* "x\0" for every byte: decoded <0xXX> pieces */
 } rm_tokenizer;
 
 int rm_tok_load(const char *path, uint32_t vocab_size, rm_tokenizer *t, char *err, size_t err_len);
 void rm_tok_free(rm_tokenizer *t);
-/* Encode text (BPE by score, a leading space as in llama2.c, byte fallback),
- * with BOS first when bos. 0, or -1 when out (max ids) is too small. */
+/* Encode text (BPE by score in O(n log n), a leading space as in llama2.c,
+ * byte fallback: byte b is id b + 3), with BOS first when bos. 0; -1 when
+ * out (max ids) is too small or memory runs out; -2 when a byte has no
+ * piece and b + 3 is not below vocab_size (a vocabulary without byte
+ * pieces): *n then receives that byte's offset in text. */
 int rm_tok_encode(const rm_tokenizer *t, const char *text, int bos, uint32_t *out, size_t max,
                   size_t *n);
+/* The fewest ids (BOS not counted) that any text of this many bytes can
+ * encode to: no piece is longer than t->longest. Lets a caller refuse a
+ * text too long for a context before paying for its encoding. */
+size_t rm_tok_min_ids(const rm_tokenizer *t, size_t bytes);
 /* The text of token tok following prev (a space after BOS is dropped;
  * <0xXX> pieces are that byte). Never NULL; static or owned by t. */
 const char *rm_tok_piece(const rm_tokenizer *t, uint32_t prev, uint32_t tok);
@@ -109,10 +117,13 @@ void rm_dec_free(rm_dec *d);
 int rm_dec_step(rm_dec *d, uint32_t token, const float **logits);
 
 /* kvtier cache at position 0: take the leading full blocks of tokens that
- * the store holds (kvt_lookup), loading from RAM or the cold tier what is
- * not adopted, instead of computing them. *n_tokens receives how many
- * tokens are now decoded (a multiple of bt, at most n - 1 so that the
- * caller still has a token to step). 0 or a kvt code. */
+ * the store holds (kvt_lookup), loading each from RAM or the cold tier
+ * instead of computing it. A block whose load fails its check
+ * (KVT_ECORRUPT, or KVT_ENOTFOUND once the cold tier dropped it) is a
+ * miss: the resume stops before it, and the caller computes it and the
+ * rest. *n_tokens receives how many tokens are now decoded (a multiple of
+ * bt, at most n - 1 so that the caller still has a token to step). 0 or a
+ * kvt code. */
 int rm_dec_resume(rm_dec *d, const uint32_t *tokens, size_t n, size_t *n_tokens);
 
 #endif
