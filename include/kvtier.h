@@ -361,6 +361,13 @@ void kvt_engine_close(kvt_engine *e);
 /** Wait until every token block completed so far (all layers put) and
  * admitted to the cold tier is durable: written, fdatasync'ed and indexed.
  * Without a cold tier there is nothing to make durable: returns 0.
+ * Durable means it survives a power loss, not only a crash of the process:
+ * once this returns 0, those blocks load back bit-exact after a power cut
+ * at any later moment, unless evicted or dropped since (given a device
+ * that honours fdatasync and writes a 512-byte sector whole); blocks not
+ * yet acknowledged may be lost, but never load other bytes.
+ * docs/format.md, "Power loss", says exactly what is fsynced when, and
+ * tests/test_powercut.c checks it.
  * @return 0; KVT_ENULL; KVT_ERDONLY; the first error the cold tier met
  *   since the last kvt_sync() (-EIO, -ENOSPC, KVT_EFULL...): the blocks it
  *   could not write stay in RAM, not durable, and nothing durable is lost. */

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,12 +14,25 @@
 #include "io/io.h"
 #include "kvtier.h"
 
+/* fsync the directory that holds path. 0 or -errno. */
+static int fsync_parent(const char *path) {
+  char parent[PATH_MAX];
+  if (snprintf(parent, sizeof parent, "%s", path) >= (int)sizeof parent) return -ENAMETOOLONG;
+  size_t n = strlen(parent);
+  while (n > 1 && parent[n - 1] == '/') parent[--n] = 0; /* "a/b/" names a/b */
+  char *slash = strrchr(parent, '/');
+  if (!slash) snprintf(parent, sizeof parent, ".");
+  else if (slash == parent) parent[1] = 0; /* under / */
+  else *slash = 0;
+  return kvt_io_fsync_dir(parent);
+}
+
 static int dir_check(const char *dir, int create) {
   struct stat st;
   if (stat(dir, &st) == 0) return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
   if (errno != ENOENT || !create) return -errno;
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -errno;
-  return 0;
+  if (mkdir(dir, 0755) != 0) return errno == EEXIST ? 0 : -errno;
+  return fsync_parent(dir); /* the new directory's name survives a power loss */
 }
 
 int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd) {

@@ -101,6 +101,7 @@ struct kvt_cold {
   seg *segs;                   /* [max_segs] */
   uint32_t n_segs, max_segs;
   int active;                  /* segment being appended, or -1 */
+  int segdir_dirty;            /* a segment file created since segments/ was fsynced (st_lock) */
   ZSTD_CCtx *cctx;             /* writer */
   ZSTD_DCtx *dctx_sync;        /* synchronous reads' (dz_lock), made when first needed */
   pthread_mutex_t dz_lock;
@@ -363,12 +364,20 @@ static int open_env(kvt_cold *c) {
   if (rc) return rc;
   mdb_env_set_maxdbs(c->env, 4);
   mdb_env_set_mapsize(c->env, c->cfg.map_bytes);
-  unsigned flags = MDB_NOTLS | MDB_NOSYNC | (c->cfg.rdonly ? MDB_RDONLY : 0);
+  /* MDB_NOMETASYNC, not MDB_NOSYNC: a commit fdatasyncs its pages before
+   * it writes the meta page that points at them (with MDB_NOSYNC a power
+   * loss could keep the new meta page and lose the pages), and the meta page
+   * is made durable by the mdb_env_sync(force) that follows every commit. */
+  unsigned flags = MDB_NOTLS | MDB_NOMETASYNC | (c->cfg.rdonly ? MDB_RDONLY : 0);
   rc = mdb_err(mdb_env_open(c->env, path, flags, 0644));
   if (!rc) {
     int stale;
     mdb_reader_check(c->env, &stale); /* readers left by killed processes */
   }
+  /* New names durable: index/data.mdb in index/, index/ and segments/ in
+   * the store directory (a power loss may drop a name never fsynced). */
+  if (!rc && !c->cfg.rdonly) rc = kvt_io_fsync_dir(path);
+  if (!rc && !c->cfg.rdonly) rc = kvt_io_fsync_dir(c->dir);
   return rc;
 }
 
@@ -703,6 +712,7 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t 
   }
   uint32_t id = c->n_segs;
   if (seg_open_file(c, id, 1)) return -1;
+  c->segdir_dirty = 1; /* its name is made durable before an entry points into it */
   c->n_segs++;
   c->segs[id] = (seg){.fd = c->segs[id].fd, .gen = 1, .state = SEG_OPEN};
   return c->active = (int)id;
@@ -915,6 +925,26 @@ static void stage_put(kvt_cold *c, chunk *k) {
   pthread_cond_broadcast(&c->cq_cv);
 }
 
+/* fsync segments/ when a segment file was created since it last was: a
+ * name not yet durable can vanish in a power loss with the file's synced
+ * contents, so no index entry may point into the file before. */
+static int segdir_sync(kvt_cold *c) {
+  pthread_mutex_lock(&c->st_lock);
+  int dirty = c->segdir_dirty;
+  c->segdir_dirty = 0;
+  pthread_mutex_unlock(&c->st_lock);
+  if (!dirty) return 0;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/segments", c->dir);
+  int rc = kvt_io_fsync_dir(path);
+  if (rc) {
+    pthread_mutex_lock(&c->st_lock);
+    c->segdir_dirty = 1;
+    pthread_mutex_unlock(&c->st_lock);
+  }
+  return rc;
+}
+
 /* Committer: sync what the chunk wrote, then index it. */
 static int chunk_commit(kvt_cold *c, chunk *k) {
   int rc = 0;
@@ -925,6 +955,7 @@ static int chunk_commit(kvt_cold *c, chunk *k) {
     pthread_mutex_unlock(&c->st_lock);
     if (fd >= 0) rc = kvt_io_sync(c->sio, fd);
   }
+  if (!rc) rc = segdir_sync(c);
   if (!rc) rc = commit_group(c, k->pl, k->np, k->sl, k->touched, k->n_touched, k->vic, &k->bytes);
   pthread_mutex_lock(&c->st_lock);
   if (!rc) {
