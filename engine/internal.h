@@ -179,6 +179,13 @@ int kvt_mcold_start(kvt_engine *e);
 void kvt_seq_free_locked(kvt_seq *s);
 size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *idx);
 void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n);
+/* Blocks of (s, layer) that s references but that are not in RAM: a layer
+ * block that left for the cold tier, or a durable token block whose layer
+ * was neither adopted nor put (nor evicted by the policy). Attention,
+ * gathers and kvt_seq_retained() refuse to run over fewer blocks than the
+ * sequence references (KVT_ENOTRESIDENT). With the lock held. */
+uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer);
+int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer); /* one such block? */
 void kvt_load_free_locked(kvt_load *ld);
 
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's
