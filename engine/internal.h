@@ -51,6 +51,9 @@ typedef struct kvt_tblk {
   uint8_t queued;             /* waiting for the flusher (its layers pinned) */
   uint8_t prompt;             /* appended as prompt at least once (admission) */
   uint32_t seen;              /* appends of it (admission) */
+  int cold_err;               /* why its last way to the cold tier failed (0: none):
+                                 kvt_sync reports it while it is referenced and not
+                                 durable */
   struct kvt_tblk *fq_next;   /* flush queue */
   kvt_lblk *layers[];         /* [n_layers] */
 } kvt_tblk;
@@ -161,6 +164,9 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
 int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
 int kvt_cold_pending(const kvt_engine *e);
+/* Wait for the flusher to finish a group. With the lock held (released
+ * while waiting). */
+void kvt_cold_wait_room(kvt_engine *e);
 void kvt_cold_backlog(kvt_engine *e);
 static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
 /* A cold tier that durable blocks may leave RAM for: on disk, or metadata-only. */

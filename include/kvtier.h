@@ -73,7 +73,9 @@ extern "C" {
 #define KVT_EVERSION    (-30917) /**< stored data has a format version this build cannot read */
 #define KVT_ENOTRESIDENT (-30918) /**< blocks the sequence references are not in RAM (only
                                        in the cold tier): load and put them first */
-#define KVT_E_LAST      (-30918)
+#define KVT_ENOTDURABLE (-30919) /**< blocks sequences reference cannot become durable:
+                                      they reached RAM only in quantized form */
+#define KVT_E_LAST      (-30919)
 /** @} */
 
 /** Explain a return code: a KVT_E* code, -errno, or 0. Never NULL; the
@@ -371,7 +373,15 @@ void kvt_engine_close(kvt_engine *e);
  * Without a cold tier there is nothing to make durable: returns 0.
  * @return 0; KVT_ENULL; KVT_ERDONLY; the first error the cold tier met
  *   since the last kvt_sync() (-EIO, -ENOSPC, KVT_EFULL...): the blocks it
- *   could not write stay in RAM, not durable, and nothing durable is lost. */
+ *   could not write stay in RAM, not durable, and nothing durable is lost.
+ *   Such an error is returned again by every kvt_sync() while a block it
+ *   kept from the cold tier is referenced by a sequence and not durable
+ *   (kvt_seq_durable() stops before it); 0 again once it is durable or
+ *   released. KVT_ENOTDURABLE, likewise: a complete, admitted block some
+ *   sequence references reached RAM only in quantized form, so there is no
+ *   exact copy to write (the hot tier is below one layer block, so puts
+ *   are born warm, or cannot hold all layers of a token block, so layers
+ *   were demoted before it was complete). */
 int kvt_sync(kvt_engine *e);
 
 /** Copy the counters into *st. @return 0; KVT_ENULL. */
@@ -577,8 +587,12 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
  * (KVT_EFULL, -ENOMEM) the sequence still references it, not resident. To make room,
  * unreferenced blocks are dropped LRU-first; with a warm tier the least
  * recently used hot blocks are demoted instead (they stay referenced and
- * readable, approximately). A block that can never fit the hot tier (hot
- * limit below one block) is encoded straight into warm. A put refused with
+ * readable, approximately); when the hot tier holds only blocks waiting
+ * for the cold tier, the put waits for them to be written, or demotes
+ * those of a token block the hot tier cannot hold whole (which then cannot
+ * become durable: kvt_sync() returns KVT_ENOTDURABLE). A block that can
+ * never fit the hot tier (hot limit below one block) is encoded straight
+ * into warm (likewise never durable). A put refused with
  * KVT_EFULL may have demoted blocks; it never drops a referenced one.
  * @return 0; KVT_ENULL; KVT_EDTYPE; KVT_ESHAPE; KVT_ENONFINITE;
  *   KVT_ENOTFOUND (block not appended, or layer out of range); KVT_EFULL

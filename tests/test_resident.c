@@ -200,11 +200,133 @@ static void test_policy_left_is_no_error(void **state) {
   tu_rmtree(dir);
 }
 
+/* Item 3: a hot tier of a few layer blocks (or none), a warm tier and a
+ * cold tier: every put succeeds while the warm tier has room (blocks held
+ * for the cold tier are waited for when written soon, else demoted).
+ * kvt_sync then says durable only when every block is. Returns its code. */
+static int puts_with_warm(uint64_t hot, uint32_t n_layers) {
+  char *dir = tu_tmpdir();
+  kvt_options o;
+  cu_opts(&o, KVT_BACKEND_PREAD);
+  o.tier_bytes_limit[KVT_TIER_HOT] = hot;
+  o.tier_bytes_limit[KVT_TIER_WARM] = 64ull << 20;
+  o.tier_bytes_limit[KVT_TIER_COLD] = 64ull << 20;
+  kvt_shape sh = {.n_layers = n_layers, .n_kv_heads = 8, .head_dim = 64, .dtype = KVT_F16,
+                  .block_tokens = 16}; /* 32 KiB a layer block */
+  uint64_t salt = tu_salt("w");
+  uint32_t toks[BLOCKS * 16];
+  fill_tokens(&sh, 4, BLOCKS, toks);
+  kvt_engine *e = tu_open(dir, &o);
+  kvt_ns_id ns = tu_register(e, "w", &sh);
+  kvt_seq *s = NULL;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  for (uint32_t b = 0; b < BLOCKS; b++) {
+    assert_int_equal(kvt_seq_append(s, toks + b * sh.block_tokens, sh.block_tokens, NULL), 0);
+    for (uint32_t l = 0; l < sh.n_layers; l++) {
+      tu_kv_fill(&kv, &sh, salt, l, b, toks + b * sh.block_tokens);
+      int rc = kvt_seq_put(s, b, l, &kv.kv);
+      if (rc) fprintf(stderr, "hot %llu: put of block %u, layer %u: %s\n",
+                      (unsigned long long)hot, b, l, kvt_strerror(rc));
+      assert_int_equal(rc, 0);
+    }
+  }
+  tu_kv_free(&kv);
+  int rc = kvt_sync(e);
+  uint32_t durable = kvt_seq_durable(s);
+  if (rc == 0) assert_int_equal(durable, BLOCKS);
+  else assert_true(rc == KVT_ENOTDURABLE && durable < BLOCKS);
+  kvt_seq_release(s);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+  return rc;
+}
+
+static void test_efull_with_warm_room(void **state) {
+  (void)state;
+  const uint64_t hots[] = {32u << 10, 64u << 10, 128u << 10, 256u << 10, 1u << 20};
+  for (size_t i = 0; i < sizeof hots / sizeof hots[0]; i++) {
+    puts_with_warm(hots[i], 16); /* a token block of 16 layers: 512 KiB */
+    int rc = puts_with_warm(hots[i], 4);
+    if (hots[i] >= (256u << 10)) assert_int_equal(rc, 0); /* 4 layers fit: all durable */
+  }
+}
+
+/* Item 2: a hot tier below one layer block, so blocks are born warm and
+ * no exact copy exists to write: kvt_sync says so (every time, while they
+ * are referenced), the watermark stays at 0, and a second process finds
+ * nothing. */
+static void test_born_warm_not_durable(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir();
+  kvt_options o;
+  cu_opts(&o, KVT_BACKEND_PREAD);
+  o.tier_bytes_limit[KVT_TIER_HOT] = 1;
+  o.tier_bytes_limit[KVT_TIER_WARM] = 64ull << 20;
+  kvt_shape sh = tu_shape_small(KVT_F16);
+  uint64_t salt = tu_salt("m");
+  uint32_t toks[BLOCKS * 4];
+  fill_tokens(&sh, 5, BLOCKS, toks);
+  kvt_engine *e = tu_open(dir, &o);
+  kvt_ns_id ns = tu_register(e, "m", &sh);
+  kvt_seq *s = NULL;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  build(s, &sh, salt, toks, BLOCKS);
+  assert_int_equal(kvt_sync(e), KVT_ENOTDURABLE);
+  assert_int_equal(kvt_sync(e), KVT_ENOTDURABLE);
+  assert_int_equal(kvt_seq_durable(s), 0);
+  kvt_seq_release(s);
+  assert_int_equal(kvt_sync(e), 0); /* nothing referenced is left undurable */
+  kvt_engine_close(e);
+  e = tu_open(dir, &o);
+  ns = tu_register(e, "m", &sh);
+  size_t found = 1;
+  assert_int_equal(kvt_lookup(e, ns, toks, BLOCKS * sh.block_tokens, NULL, 0, &found), 0);
+  assert_int_equal(found, 0);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
+/* Item 4: a cold tier too small for a sequence: kvt_sync reports
+ * KVT_EFULL every time while the sequence is not durable, and 0 once the
+ * sequence that cannot be written is released. */
+static void test_cold_full_stays_reported(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir();
+  kvt_options o;
+  cu_opts(&o, KVT_BACKEND_PREAD);
+  o.tier_bytes_limit[KVT_TIER_COLD] = 3 * o.cold_segment_bytes;
+  kvt_shape sh = tu_shape_small(KVT_BF16);
+  uint64_t salt = tu_salt("full");
+  const uint32_t na = 150; /* records of ~20 KiB: ~100 fit in two segments */
+  uint32_t *toks = malloc(na * sh.block_tokens * sizeof *toks);
+  assert_non_null(toks);
+  fill_tokens(&sh, 6, na, toks);
+  kvt_engine *e = tu_open(dir, &o);
+  kvt_ns_id ns = tu_register(e, "full", &sh);
+  kvt_seq *s = NULL;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  build(s, &sh, salt, toks, na);
+  assert_int_equal(kvt_sync(e), KVT_EFULL);
+  assert_true(kvt_seq_durable(s) < na);
+  assert_int_equal(kvt_sync(e), KVT_EFULL); /* not forgotten */
+  assert_int_equal(kvt_sync(e), KVT_EFULL);
+  kvt_seq_release(s);
+  assert_int_equal(kvt_sync(e), 0);
+  kvt_engine_close(e);
+  free(toks);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_second_process_not_resident),
       cmocka_unit_test(test_small_hot_not_resident),
       cmocka_unit_test(test_policy_left_is_no_error),
+      cmocka_unit_test(test_efull_with_warm_room),
+      cmocka_unit_test(test_born_warm_not_durable),
+      cmocka_unit_test(test_cold_full_stays_reported),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
