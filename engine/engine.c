@@ -817,7 +817,7 @@ int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int ti
     b->held = 1; /* keep the exact bytes until they are written */
     kvt_lblk_pin(e, b);
   }
-  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_WARM && maybe)
+  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_WARM && kvt_cold_admissible(e, tb))
     tb->cold_err = KVT_ENOTDURABLE; /* born warm: no exact copy to write */
   kvt_cold_consider(e, tb);
   return 0;

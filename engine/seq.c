@@ -140,7 +140,8 @@ uint32_t kvt_seq_blocks(const kvt_seq *s) { return s ? s->n_blocks : 0; }
 
 /* Grow s to hold one more block. Allocates before taking anything over,
  * so a failure leaves s as it was. Called without the lock: the arrays
- * are the sequence's own; the byte counters are atomic. */
+ * are the sequence's own (only the swap takes it, for kvt_sync's scan);
+ * the byte counters are atomic. */
 static int seq_reserve(kvt_seq *s) {
   if (s->n_blocks < s->cap) return 0;
   kvt_engine *e = s->e;
@@ -158,11 +159,15 @@ static int seq_reserve(kvt_seq *s) {
     memcpy(lb, s->lb, (size_t)s->n_blocks * L * sizeof *lb);
     memcpy(bs, s->bs, (size_t)s->n_blocks * L * sizeof *bs);
   }
-  if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, L));
+  void *old = s->cap ? s->tb : NULL;
+  size_t old_size = seq_arrays_size(s->cap, L);
+  pthread_mutex_lock(&e->lock); /* kvt_sync() reads every sequence's tb under it */
   s->tb = tb;
   s->lb = lb;
   s->bs = bs;
   s->cap = cap;
+  pthread_mutex_unlock(&e->lock);
+  if (old) kvt_mem_free(&e->mem, KVT_MEM_SEQ, old, old_size);
   return 0;
 }
 
