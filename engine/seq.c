@@ -356,7 +356,8 @@ static int put_restore(kvt_seq *s, kvt_lblk *b, uint32_t layer, const kvt_kv *kv
   kvt_lblk *nb = tier == KVT_TIER_HOT ? new_hot(e, kv, each) : new_warm(s, layer, kv);
   pthread_mutex_lock(&e->lock);
   if (!nb) return -ENOMEM;
-  int rc = tier == KVT_TIER_HOT ? kvt_hot_make_room(e, nb->cost) : kvt_tier_drop_for(e, t, nb->cost);
+  int rc = tier == KVT_TIER_HOT ? kvt_hot_make_room(e, nb->cost)
+                                : kvt_tier_drop_for(e, t, nb->cost);
   if (!rc && b->tier == KVT_TIER_COLD && b->pins == 0) { /* (another put may have won) */
     b->payload = nb->payload;
     b->payload_alloc = nb->payload_alloc;

@@ -13,14 +13,17 @@ static void block_tokens_of(const kvt_shape *sh, uint32_t salt, uint32_t b, uint
 }
 
 static void fill_tokens(const kvt_shape *sh, uint32_t salt, uint32_t n, uint32_t *toks) {
-  for (uint32_t b = 0; b < n; b++) block_tokens_of(sh, salt, b, toks + (size_t)b * sh->block_tokens);
+  for (uint32_t b = 0; b < n; b++)
+    block_tokens_of(sh, salt, b, toks + (size_t)b * sh->block_tokens);
 }
 
 /* Build n blocks of toks into s, every layer put. */
-static void build(kvt_seq *s, const kvt_shape *sh, uint64_t salt, const uint32_t *toks, uint32_t n) {
+static void build(kvt_seq *s, const kvt_shape *sh, uint64_t salt, const uint32_t *toks,
+                  uint32_t n) {
   tu_kv kv;
   tu_kv_alloc(&kv, sh);
-  for (uint32_t b = 0; b < n; b++) tu_append_put(s, sh, salt, toks + (size_t)b * sh->block_tokens, &kv);
+  for (uint32_t b = 0; b < n; b++)
+    tu_append_put(s, sh, salt, toks + (size_t)b * sh->block_tokens, &kv);
   tu_kv_free(&kv);
 }
 
@@ -41,7 +44,8 @@ static void assert_not_resident(kvt_seq *s, const kvt_shape *sh, uint32_t layer,
   float q[64 * 4], out[64 * 4], mass[BLOCKS];
   for (uint32_t i = 0; i < H * D; i++) q[i] = 0.01f * (float)i;
   n = 0;
-  assert_int_equal(kvt_seq_attend(s, layer, q, H, 0, out, NULL, mass, BLOCKS, &n), KVT_ENOTRESIDENT);
+  assert_int_equal(kvt_seq_attend(s, layer, q, H, 0, out, NULL, mass, BLOCKS, &n),
+                   KVT_ENOTRESIDENT);
   assert_int_equal(n, away);
   n = 0;
   memset(g, 0xff, sizeof g);
@@ -165,7 +169,8 @@ static void test_small_hot_not_resident(void **state) {
   assert_int_equal(rc, 0);
   tu_kv_free(&kv);
   assert_attends(s, &sh, 0, BLOCKS);
-  for (uint32_t b = 0; b < BLOCKS; b++) tu_assert_block(s, &sh, salt, b, 0, toks + b * sh.block_tokens);
+  for (uint32_t b = 0; b < BLOCKS; b++)
+    tu_assert_block(s, &sh, salt, b, 0, toks + b * sh.block_tokens);
   kvt_seq_release(s);
   kvt_engine_close(e);
   tu_rmtree(dir);
