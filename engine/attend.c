@@ -200,11 +200,13 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
   size_t n = 0;
   if (!rc) {
     pthread_mutex_lock(&e->lock);
-    n = kvt_retained_pin(s, layer, blk, NULL);
+    uint32_t away = kvt_seq_nonresident(s, layer);
+    n = away ? 0 : kvt_retained_pin(s, layer, blk, NULL);
     e->st.attends++;
     pthread_mutex_unlock(&e->lock);
-    *n_blocks = n;
-    rc = (block_mass && max_blocks < n) ? KVT_EBUFSIZE : check_warm(&c, blk, n);
+    *n_blocks = away ? away : n;
+    rc = away ? KVT_ENOTRESIDENT
+              : (block_mass && max_blocks < n) ? KVT_EBUFSIZE : check_warm(&c, blk, n);
   }
   if (!rc) {
     if (block_mass) memset(block_mass, 0, n * sizeof *block_mass);

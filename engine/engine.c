@@ -708,11 +708,7 @@ int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
     } else if ((v = durable_victim(t))) {
       to_cold(e, v);
     } else if (kvt_cold_on(e) && kvt_cold_pending(e)) {
-      e->room_waiters++;
-      kvt_cold_backlog(e);
-      pthread_cond_wait(&e->flushed, &e->lock);
-      e->room_waiters--;
-      kvt_cold_backlog(e);
+      kvt_cold_wait_room(e);
     } else {
       return KVT_EFULL;
     }
@@ -775,12 +771,31 @@ static int demote(kvt_engine *e, kvt_lblk *b) {
   return 0;
 }
 
+/* Oldest hot block held for the cold tier whose token block is not queued
+ * (not complete in the hot tier), pinned by nothing else; or NULL. */
+static kvt_lblk *held_victim(kvt_tier_state *t) {
+  for (kvt_lblk *b = t->all.all_next; b != &t->all; b = b->all_next)
+    if (b->held && b->pins == 1 && !b->busy && !b->tb->queued) return b;
+  return NULL;
+}
+
 int kvt_hot_make_room(kvt_engine *e, uint64_t cost) {
   kvt_tier_state *hot = &e->tier[KVT_TIER_HOT];
   if (!kvt_warm_on(e)) return kvt_tier_drop_for(e, hot, cost);
   if (cost > hot->bytes_limit) return KVT_EFULL;
   while (hot->bytes_used + cost > hot->bytes_limit) {
     kvt_lblk *v = kvt_tier_oldest(hot);
+    if (!v && kvt_cold_on(e) && kvt_cold_pending(e)) { /* what is written lets go */
+      kvt_cold_wait_room(e);
+      continue;
+    }
+    if (!v && (v = held_victim(hot))) {
+      /* The hot tier cannot hold its token block whole, so it can never be
+       * written exactly: it goes warm, and kvt_sync says so. */
+      v->held = 0;
+      kvt_tier_unpin(hot, v);
+      v->tb->cold_err = KVT_ENOTDURABLE;
+    }
     if (!v) return KVT_EFULL; /* everything left is pinned or being moved */
     int rc = demote(e, v);
     if (rc) return rc;
@@ -803,6 +818,8 @@ int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int ti
     b->held = 1; /* keep the exact bytes until they are written */
     kvt_lblk_pin(e, b);
   }
+  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_WARM && kvt_cold_admissible(e, tb))
+    tb->cold_err = KVT_ENOTDURABLE; /* born warm: no exact copy to write */
   kvt_cold_consider(e, tb);
   return 0;
 }

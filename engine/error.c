@@ -22,6 +22,8 @@ static const char *const kvt_msgs[] = {
   "a fixed limit set at open was reached",                              /* ELIMIT */
   "stored data failed a check",                                         /* ECORRUPT */
   "stored data has a format version this build cannot read",            /* EVERSION */
+  "referenced blocks are not in RAM (load and put them first)",         /* ENOTRESIDENT */
+  "referenced blocks reached RAM only quantized: they cannot be durable", /* ENOTDURABLE */
 };
 
 _Static_assert(sizeof(kvt_msgs) / sizeof(kvt_msgs[0]) == KVT_E_FIRST - KVT_E_LAST + 1,

@@ -88,6 +88,14 @@ void kvt_cold_backlog(kvt_engine *e) {
 
 int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
 
+void kvt_cold_wait_room(kvt_engine *e) {
+  e->room_waiters++;
+  kvt_cold_backlog(e);
+  pthread_cond_wait(&e->flushed, &e->lock);
+  e->room_waiters--;
+  kvt_cold_backlog(e);
+}
+
 /* Groups handed to the cold tier at once, at most: it builds the next
  * while one is written and the one before synced and indexed
  * (tiers/cold.c, "the write pipeline"). */
@@ -126,9 +134,11 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
 
 #define GROUP_MAX 1024
 
-/* With the lock held: the flusher is done with tb, durable (ok) or not. */
-static void block_done(kvt_engine *e, kvt_tblk *tb, int ok) {
+/* With the lock held: the flusher is done with tb, durable (err 0) or not. */
+static void block_done(kvt_engine *e, kvt_tblk *tb, int err) {
+  int ok = err == 0;
   tb->queued = 0;
+  tb->cold_err = err;
   if (ok && !tb->indexed) {
     /* Dropped while being written: its entry goes too - unless a block of
      * the same key entered the index meanwhile, which may count on the
@@ -166,7 +176,7 @@ static void group_settled(void *arg, size_t from, size_t to, int rc) {
   flush_batch *fb = arg;
   kvt_engine *e = fb->e;
   pthread_mutex_lock(&e->lock);
-  for (size_t i = from; i < to; i++) block_done(e, fb->g[i], rc == 0);
+  for (size_t i = from; i < to; i++) block_done(e, fb->g[i], rc);
   if (rc && !e->cold_err) e->cold_err = rc;
   int last = batch_less(fb, to - from);
   pthread_cond_broadcast(&e->flushed);
@@ -201,7 +211,7 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
   }
   if (!fb || posted < n) kvt_cold_drain(e->cold); /* what went before is told of first */
   pthread_mutex_lock(&e->lock);
-  for (size_t i = posted; i < n; i++) block_done(e, g[i], 0); /* not written */
+  for (size_t i = posted; i < n; i++) block_done(e, g[i], rc ? rc : -EIO); /* not written */
   if (rc && posted < n && !e->cold_err) e->cold_err = rc; /* else told in order */
   int last = fb && batch_less(fb, n - posted + 1);
   pthread_cond_broadcast(&e->flushed);
@@ -242,7 +252,7 @@ static void *flusher_main(void *arg) {
     }
     kvt_cold_drain(e->cold); /* blocks finish in the order they were queued */
     pthread_mutex_lock(&e->lock);
-    for (size_t i = 0; i < n; i++) block_done(e, g[i], 0);
+    for (size_t i = 0; i < n; i++) block_done(e, g[i], rc);
     if (!e->cold_err) e->cold_err = rc;
     pthread_cond_broadcast(&e->flushed);
   }
@@ -358,6 +368,15 @@ void kvt_cold_stop(kvt_engine *e) {
   e->cold = NULL;
 }
 
+/* The error that keeps a block some sequence references from being
+ * durable, or 0. With the lock held. */
+static int referenced_cold_err(const kvt_engine *e) {
+  for (const kvt_seq *s = e->seqs.next; s != &e->seqs; s = s->next)
+    for (uint32_t b = 0; b < s->n_blocks; b++)
+      if (s->tb[b]->cold_err && !s->tb[b]->cold) return s->tb[b]->cold_err;
+  return 0;
+}
+
 int kvt_sync(kvt_engine *e) {
   if (!e) return KVT_ENULL;
   if (kvt_rdonly(e)) return KVT_ERDONLY;
@@ -367,6 +386,7 @@ int kvt_sync(kvt_engine *e) {
   while (e->completed < target) pthread_cond_wait(&e->flushed, &e->lock);
   int rc = e->cold_err;
   e->cold_err = 0;
+  if (!rc) rc = referenced_cold_err(e); /* still not durable: still an error */
   pthread_mutex_unlock(&e->lock);
   return rc;
 }

@@ -51,6 +51,9 @@ typedef struct kvt_tblk {
   uint8_t queued;             /* waiting for the flusher (its layers pinned) */
   uint8_t prompt;             /* appended as prompt at least once (admission) */
   uint32_t seen;              /* appends of it (admission) */
+  int cold_err;               /* why its last way to the cold tier failed (0: none):
+                                 kvt_sync reports it while it is referenced and not
+                                 durable */
   struct kvt_tblk *fq_next;   /* flush queue */
   kvt_lblk *layers[];         /* [n_layers] */
 } kvt_tblk;
@@ -161,6 +164,9 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
 int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
 int kvt_cold_pending(const kvt_engine *e);
+/* Wait for the flusher to finish a group. With the lock held (released
+ * while waiting). */
+void kvt_cold_wait_room(kvt_engine *e);
 void kvt_cold_backlog(kvt_engine *e);
 static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
 /* A cold tier that durable blocks may leave RAM for: on disk, or metadata-only. */
@@ -179,6 +185,13 @@ int kvt_mcold_start(kvt_engine *e);
 void kvt_seq_free_locked(kvt_seq *s);
 size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *idx);
 void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n);
+/* Blocks of (s, layer) that s references but that are not in RAM: a layer
+ * block that left for the cold tier, or a durable token block whose layer
+ * was neither adopted nor put (nor evicted by the policy). Attention,
+ * gathers and kvt_seq_retained() refuse to run over fewer blocks than the
+ * sequence references (KVT_ENOTRESIDENT). With the lock held. */
+uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer);
+int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer); /* one such block? */
 void kvt_load_free_locked(kvt_load *ld);
 
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's

@@ -16,6 +16,8 @@ typedef struct kvt_bstate {
   double mass_sum;     /* accumulated observed mass */
   float mass_last;     /* mass at the last observation */
   uint32_t observed;   /* observations since it was put */
+  uint32_t left;       /* 1: the policy evicted it from this layer (not an error
+                          that it is not in RAM; a put takes it back) */
 } kvt_bstate;
 
 /* What a scorer is asked about one block. */

@@ -140,7 +140,8 @@ uint32_t kvt_seq_blocks(const kvt_seq *s) { return s ? s->n_blocks : 0; }
 
 /* Grow s to hold one more block. Allocates before taking anything over,
  * so a failure leaves s as it was. Called without the lock: the arrays
- * are the sequence's own; the byte counters are atomic. */
+ * are the sequence's own (only the swap takes it, for kvt_sync's scan);
+ * the byte counters are atomic. */
 static int seq_reserve(kvt_seq *s) {
   if (s->n_blocks < s->cap) return 0;
   kvt_engine *e = s->e;
@@ -158,11 +159,15 @@ static int seq_reserve(kvt_seq *s) {
     memcpy(lb, s->lb, (size_t)s->n_blocks * L * sizeof *lb);
     memcpy(bs, s->bs, (size_t)s->n_blocks * L * sizeof *bs);
   }
-  if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, L));
+  void *old = s->cap ? s->tb : NULL;
+  size_t old_size = seq_arrays_size(s->cap, L);
+  pthread_mutex_lock(&e->lock); /* kvt_sync() reads every sequence's tb under it */
   s->tb = tb;
   s->lb = lb;
   s->bs = bs;
   s->cap = cap;
+  pthread_mutex_unlock(&e->lock);
+  if (old) kvt_mem_free(&e->mem, KVT_MEM_SEQ, old, old_size);
   return 0;
 }
 
@@ -337,6 +342,39 @@ static kvt_lblk *new_warm(kvt_seq *s, uint32_t layer, const kvt_kv *kv) {
   return b;
 }
 
+/* b is referenced by s but left RAM for the cold tier, and the caller put
+ * its bytes again: b gets a RAM copy back (hot, or warm when no block fits
+ * the hot tier), so attention and gathers see it. With the lock held; the
+ * copy is made without it. 0, KVT_EFULL or -ENOMEM (b stays in cold). */
+static int put_restore(kvt_seq *s, kvt_lblk *b, uint32_t layer, const kvt_kv *kv) {
+  kvt_engine *e = s->e;
+  size_t each = s->ns->bytes_each;
+  if (kvt_meta_only(e)) return 0; /* descriptors only: nothing to restore */
+  int tier = born_warm(e, each) ? KVT_TIER_WARM : KVT_TIER_HOT;
+  kvt_tier_state *t = &e->tier[tier];
+  pthread_mutex_unlock(&e->lock);
+  kvt_lblk *nb = tier == KVT_TIER_HOT ? new_hot(e, kv, each) : new_warm(s, layer, kv);
+  pthread_mutex_lock(&e->lock);
+  if (!nb) return -ENOMEM;
+  int rc = tier == KVT_TIER_HOT ? kvt_hot_make_room(e, nb->cost)
+                                : kvt_tier_drop_for(e, t, nb->cost);
+  if (!rc && b->tier == KVT_TIER_COLD && b->pins == 0) { /* (another put may have won) */
+    b->payload = nb->payload;
+    b->payload_alloc = nb->payload_alloc;
+    b->cost = nb->cost;
+    b->k_len = nb->k_len;
+    b->k_codec = nb->k_codec;
+    b->v_codec = nb->v_codec;
+    b->checked = nb->checked;
+    nb->payload = NULL;
+    kvt_mem_move(&e->mem, KVT_MEM_INDEX, t->mem_cat, kvt_lblk_desc_bytes());
+    kvt_tier_account(t, b);
+  }
+  if (rc == KVT_EFULL) e->st.put_full++;
+  kvt_lblk_free(&e->mem, t->mem_cat, nb);
+  return rc;
+}
+
 static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   int rc = kv_check(s, block, layer, kv);
   if (rc) return rc;
@@ -351,14 +389,16 @@ static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv)
     e->st.puts++;
     e->st.dedup_hits++;
     if ((*slot)->tier == KVT_TIER_HOT) dedup_verify(e, *slot, kv, each);
+    rc = (*slot)->tier == KVT_TIER_COLD ? put_restore(s, *slot, layer, kv) : 0;
     pthread_mutex_unlock(&e->lock);
-    return 0;
+    return rc;
   }
   if (tb->layers[layer]) {
     e->st.puts++;
     put_share(e, slot, tb->layers[layer], kv, each);
+    rc = (*slot)->tier == KVT_TIER_COLD ? put_restore(s, *slot, layer, kv) : 0;
     pthread_mutex_unlock(&e->lock);
-    return 0;
+    return rc;
   }
   pthread_mutex_unlock(&e->lock);
 
@@ -393,6 +433,7 @@ static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv)
 int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   if (!s) return KVT_ENULL;
   int rc = seq_put(s, block, layer, kv);
+  if (!rc) s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer].left = 0; /* retained again */
   if (rc || s->pol.scorer == KVT_SCORER_FULL) return rc;
   pthread_mutex_lock(&s->e->lock);
   kvt_policy_apply_locked(s, layer);
@@ -475,6 +516,18 @@ void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n) {
   for (size_t i = 0; i < n; i++) kvt_lblk_unpin(e, blk[i]);
 }
 
+int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  size_t i = (size_t)block * s->ns->desc.shape.n_layers + layer;
+  const kvt_lblk *lb = s->lb[i];
+  return lb ? lb->tier == KVT_TIER_COLD : s->tb[block]->cold && !s->bs[i].left;
+}
+
+uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer) {
+  uint32_t n = 0;
+  for (uint32_t b = 0; b < s->n_blocks; b++) n += (uint32_t)kvt_seq_away(s, b, layer);
+  return n;
+}
+
 int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t *bytes_each,
                    kvt_gathered *blocks, size_t max_blocks, size_t *n_blocks) {
   if (!s || !bytes_each || !n_blocks) return KVT_ENULL;
@@ -484,10 +537,11 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   size_t each = s->ns->bytes_each;
   if (!k_out) { /* size query */
     pthread_mutex_lock(&e->lock);
-    *n_blocks = kvt_retained_pin(s, layer, NULL, NULL);
+    uint32_t away = kvt_seq_nonresident(s, layer);
+    *n_blocks = away ? away : kvt_retained_pin(s, layer, NULL, NULL);
     pthread_mutex_unlock(&e->lock);
-    *bytes_each = *n_blocks * each;
-    return 0;
+    *bytes_each = away ? 0 : *n_blocks * each;
+    return away ? KVT_ENOTRESIDENT : 0;
   }
   if (!v_out) return KVT_ENULL;
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
@@ -496,11 +550,13 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   if (!blk) return -ENOMEM;
   uint32_t *idx = (uint32_t *)(blk + s->n_blocks);
   pthread_mutex_lock(&e->lock);
-  size_t n = kvt_retained_pin(s, layer, blk, idx), need = n * each;
-  int rc = (*bytes_each < need || (blocks && max_blocks < n)) ? KVT_EBUFSIZE : 0;
+  uint32_t away = kvt_seq_nonresident(s, layer);
+  size_t n = away ? 0 : kvt_retained_pin(s, layer, blk, idx), need = n * each;
+  int rc = away ? KVT_ENOTRESIDENT
+                : (*bytes_each < need || (blocks && max_blocks < n)) ? KVT_EBUFSIZE : 0;
   if (rc) kvt_retained_unpin(e, blk, n);
   pthread_mutex_unlock(&e->lock);
-  *n_blocks = n;
+  *n_blocks = away ? away : n;
   if (!rc) {
     uint32_t bt = s->ns->desc.shape.block_tokens;
     for (size_t i = 0; i < n && !rc; i++) {

@@ -23,6 +23,13 @@
  *  - retained: the blocks of (sequence, layer) that attention runs over:
  *    every referenced block in RAM, less what the sequence's policy
  *    evicted from that layer (see the policy group).
+ *  - not resident: a block of (sequence, layer) that the sequence
+ *    references but that is only in the cold tier: it left RAM once
+ *    durable, or the token block was appended as durable (stored by an
+ *    earlier run) and that layer was not put. Calls that run over the
+ *    retained blocks never run over fewer than the sequence references:
+ *    they fail with KVT_ENOTRESIDENT until such blocks are loaded and put
+ *    again (what the policy evicted on purpose does not count).
  *
  * Threads: one engine may be used from several threads at once. A single
  * sequence must not be used from two threads at the same time (as with an
@@ -64,7 +71,11 @@ extern "C" {
 #define KVT_ELIMIT      (-30915) /**< a fixed limit set at open was reached */
 #define KVT_ECORRUPT    (-30916) /**< stored data failed a check */
 #define KVT_EVERSION    (-30917) /**< stored data has a format version this build cannot read */
-#define KVT_E_LAST      (-30917)
+#define KVT_ENOTRESIDENT (-30918) /**< blocks the sequence references are not in RAM (only
+                                       in the cold tier): load and put them first */
+#define KVT_ENOTDURABLE (-30919) /**< blocks sequences reference cannot become durable:
+                                      they reached RAM only in quantized form */
+#define KVT_E_LAST      (-30919)
 /** @} */
 
 /** Explain a return code: a KVT_E* code, -errno, or 0. Never NULL; the
@@ -370,7 +381,15 @@ void kvt_engine_close(kvt_engine *e);
  * tests/test_powercut.c checks it.
  * @return 0; KVT_ENULL; KVT_ERDONLY; the first error the cold tier met
  *   since the last kvt_sync() (-EIO, -ENOSPC, KVT_EFULL...): the blocks it
- *   could not write stay in RAM, not durable, and nothing durable is lost. */
+ *   could not write stay in RAM, not durable, and nothing durable is lost.
+ *   Such an error is returned again by every kvt_sync() while a block it
+ *   kept from the cold tier is referenced by a sequence and not durable
+ *   (kvt_seq_durable() stops before it); 0 again once it is durable or
+ *   released. KVT_ENOTDURABLE, likewise: a complete, admitted block some
+ *   sequence references reached RAM only in quantized form, so there is no
+ *   exact copy to write (the hot tier is below one layer block, so puts
+ *   are born warm, or cannot hold all layers of a token block, so layers
+ *   were demoted before it was complete). */
 int kvt_sync(kvt_engine *e);
 
 /** Copy the counters into *st. @return 0; KVT_ENULL. */
@@ -573,11 +592,18 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
 /** Put K and V of token block `block` in layer `layer`. When the layer
  * block is stored already (another sequence, or adopted at append), nothing
  * new is stored: the sequence references the stored copy (content compared
- * with KVT_OPEN_VERIFY_DEDUP when the stored copy is hot). To make room,
+ * with KVT_OPEN_VERIFY_DEDUP when the stored copy is hot). When that copy
+ * is only in the cold tier (not resident), the put gives it a RAM copy
+ * again from kv (which must be its bytes: read or loaded); if that fails
+ * (KVT_EFULL, -ENOMEM) the sequence still references it, not resident. To make room,
  * unreferenced blocks are dropped LRU-first; with a warm tier the least
  * recently used hot blocks are demoted instead (they stay referenced and
- * readable, approximately). A block that can never fit the hot tier (hot
- * limit below one block) is encoded straight into warm. A put refused with
+ * readable, approximately); when the hot tier holds only blocks waiting
+ * for the cold tier, the put waits for them to be written, or demotes
+ * those of a token block the hot tier cannot hold whole (which then cannot
+ * become durable: kvt_sync() returns KVT_ENOTDURABLE). A block that can
+ * never fit the hot tier (hot limit below one block) is encoded straight
+ * into warm (likewise never durable). A put refused with
  * KVT_EFULL may have demoted blocks; it never drops a referenced one.
  * @return 0; KVT_ENULL; KVT_EDTYPE; KVT_ESHAPE; KVT_ENONFINITE;
  *   KVT_ENOTFOUND (block not appended, or layer out of range); KVT_EFULL
@@ -600,10 +626,14 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
  * Size query: with k_out == NULL, only *n_blocks and *bytes_each are set.
  * @param blocks may be NULL; else max_blocks entries say which block each
  *   gathered slice came from, its token position and tier.
- * @param n_blocks receives the number of blocks gathered (or that would be).
+ * @param n_blocks receives the number of blocks gathered (or that would be);
+ *   with KVT_ENOTRESIDENT, the number of blocks not resident.
  * @param bytes_each in: capacity of k_out and v_out; out: bytes written
- *   (or needed). @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_EBUFSIZE
- *   when a buffer or blocks is too small (nothing is written); KVT_ENOPAYLOAD. */
+ *   (or needed; 0 with KVT_ENOTRESIDENT). @return 0; KVT_ENULL;
+ *   KVT_ENOTFOUND (layer); KVT_EBUFSIZE when a buffer or blocks is too
+ *   small (nothing is written); KVT_ENOPAYLOAD; KVT_ENOTRESIDENT when
+ *   blocks s references in the layer are not in RAM (nothing is written;
+ *   kvt_seq_retained() lists them). */
 int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t *bytes_each,
                    kvt_gathered *blocks, size_t max_blocks, size_t *n_blocks);
 
@@ -624,10 +654,13 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
  * @param block_mass may be NULL; else max_blocks entries: the attention
  *   mass each retained block received, in block order, summed over query
  *   heads (what kvt's policy layer observes).
- * @param n_blocks receives the number of retained blocks.
+ * @param n_blocks receives the number of retained blocks; with
+ *   KVT_ENOTRESIDENT, the number of blocks not resident.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_ECOUNT (n_q_heads);
  *   KVT_EBUFSIZE (max_blocks too small; nothing computed); KVT_ENOPAYLOAD;
- *   KVT_ECORRUPT (a warm payload failed its check); -ENOMEM. */
+ *   KVT_ECORRUPT (a warm payload failed its check); KVT_ENOTRESIDENT
+ *   (blocks s references in the layer are not in RAM; nothing computed,
+ *   kvt_seq_retained() lists them); -ENOMEM. */
 int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                    float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks);
 
@@ -698,9 +731,13 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
 /** List the retained blocks of (s, layer) in block order: index, token
  * position and tier (exact: 1 when hot), without copying any payload.
  * @param blocks may be NULL when max_blocks is 0 (a count query).
- * @param n_blocks receives the number of retained blocks.
+ * @param n_blocks receives the number of retained blocks; with
+ *   KVT_ENOTRESIDENT, the number of blocks not resident.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_EBUFSIZE (max_blocks
- *   too small: *n_blocks says how many, nothing else is written). */
+ *   too small: *n_blocks says how many, nothing else is written);
+ *   KVT_ENOTRESIDENT when blocks s references in the layer are not in RAM:
+ *   then, if max_blocks >= *n_blocks, blocks lists those (tier
+ *   KVT_TIER_COLD, exact 0), for the caller to load and put. */
 int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t max_blocks,
                      size_t *n_blocks);
 

@@ -1101,8 +1101,9 @@ BOTH(ns_drop_durable)
 
 /* A hot tier smaller than the data: referenced blocks whose token block is
  * durable leave RAM, still read back exactly (from cold) through
- * kvt_seq_read; kvt_seq_gather returns only the blocks in RAM; lookups
- * report a block with a layer out of RAM as cold. */
+ * kvt_seq_read; kvt_seq_gather refuses a layer with blocks out of RAM
+ * (KVT_ENOTRESIDENT, kvt_seq_retained lists them) and returns the others
+ * whole; lookups report a block with a layer out of RAM as cold. */
 static void evict_to_cold(uint32_t backend) {
   char *dir = tu_tmpdir();
   kvt_shape sh = tu_shape_small(KVT_BF16);
@@ -1131,7 +1132,8 @@ static void evict_to_cold(uint32_t backend) {
   assert_int_equal(st.cold_records, nb);
   uint64_t reads0 = st.cold_reads;
 
-  /* gather: only RAM blocks, each exact and in order */
+  /* gather: a layer with blocks out of RAM is refused, saying how many;
+   * a layer wholly in RAM comes back exact and in order */
   uint8_t in_ram[16][8] = {{0}};
   uint64_t gathered = 0;
   uint8_t *gk = malloc(nb * each), *gv = malloc(nb * each);
@@ -1139,7 +1141,18 @@ static void evict_to_cold(uint32_t backend) {
   tu_kv want;
   tu_kv_alloc(&want, &sh);
   for (uint32_t l = 0; l < L; l++) {
-    size_t bytes = nb * each, n = 0;
+    size_t bytes = nb * each, n = 0, away = 0;
+    int rc = kvt_seq_retained(q, l, g, 16, &away);
+    if (rc == KVT_ENOTRESIDENT) {
+      assert_true(away > 0 && away <= nb);
+      for (uint32_t j = 0; j < nb; j++) in_ram[j][l] = 1;
+      for (size_t i = 0; i < away; i++) in_ram[g[i].block][l] = 0;
+      assert_int_equal(kvt_seq_gather(q, l, gk, gv, &bytes, g, 16, &n), KVT_ENOTRESIDENT);
+      assert_int_equal(n, away);
+      gathered += nb - away;
+      continue;
+    }
+    assert_int_equal(rc, 0);
     assert_int_equal(kvt_seq_gather(q, l, gk, gv, &bytes, g, 16, &n), 0);
     assert_true(n <= nb);
     assert_int_equal(bytes, n * each);
