@@ -181,7 +181,9 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
   const kvt_shape *sh = &s->ns->desc.shape;
   if (layer >= sh->n_layers) return KVT_ENOTFOUND;
   if (n_q_heads == 0 || n_q_heads % sh->n_kv_heads || n_q_heads > KVT_MAX_HEADS * 64)
-    return KVT_ECOUNT;
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_seq_attend", "n_q_heads",
+                   "a multiple of n_kv_heads, 1..65536", "%u (n_kv_heads %u)", n_q_heads,
+                   sh->n_kv_heads);
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
   if (scale == 0) scale = 1.0f / sqrtf((float)sh->head_dim);
   attend_ctx c = {.ns = s->ns, .T = sh->block_tokens, .H = sh->n_kv_heads, .D = sh->head_dim,
@@ -205,6 +207,9 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
     pthread_mutex_unlock(&e->lock);
     *n_blocks = n;
     rc = (block_mass && max_blocks < n) ? KVT_EBUFSIZE : check_warm(&c, blk, n);
+    if (rc == KVT_EBUFSIZE)
+      KVT_ERR(e, rc, "kvt_seq_attend", "max_blocks", "at least the retained blocks",
+              "%zu (%zu retained)", max_blocks, n);
   }
   if (!rc) {
     if (block_mass) memset(block_mass, 0, n * sizeof *block_mass);

@@ -169,10 +169,10 @@ static int eval_open(eval_run *r, const char *dir) {
     o.tier_bytes_limit[KVT_TIER_HOT] = 1;
     o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
   }
-  int rc = kvt_engine_open(dir, &o, &r->e);
+  int rc = cli_engine_open(dir, &o, &r->e);
   if (!rc) rc = rm_ns_register(r->e, &r->m, REF_BLOCK_TOKENS, &r->ns);
   if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
-  return rc ? cli_lib_error("eval", "opening the engine", rc) : CLI_OK;
+  return rc ? cli_engine_error("eval", "opening the engine", r->e, rc) : CLI_OK;
 }
 
 /* ---- observation: concentration and the trace ---------------------------------- */
