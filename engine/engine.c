@@ -574,7 +574,16 @@ int kvt_ns_seed(kvt_engine *e, kvt_ns_id id, kvt_key *out) {
 int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, int v_codec) {
   if (!e) return KVT_ENULL;
   const kvt_codec *kc = kvt_codec_get(k_codec), *vc = kvt_codec_get(v_codec);
-  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
+  /* KVT_CODEC_NONE keeps that side exact; one side at least is quantized */
+  if (k_codec == KVT_CODEC_NONE && v_codec == KVT_CODEC_NONE)
+    return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "k_codec and v_codec",
+                   "at least one quantized side", "both KVT_CODEC_NONE");
+  if (k_codec != KVT_CODEC_NONE && (!kc || kc->is_value))
+    return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "k_codec",
+                   "KVT_CODEC_NONE or a key codec (K8, K8C, K4)", "%d", k_codec);
+  if (v_codec != KVT_CODEC_NONE && (!vc || !vc->is_value))
+    return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "v_codec",
+                   "KVT_CODEC_NONE or a value codec (V2, V3, V4)", "%d", v_codec);
   pthread_mutex_lock(&e->lock);
   kvt_nsrec *ns = kvt_ns_find(e, id);
   int rc = 0;

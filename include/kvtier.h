@@ -464,10 +464,15 @@ int kvt_ns_shape(kvt_engine *e, kvt_ns_id ns, kvt_shape *out);
 int kvt_ns_drop(kvt_engine *e, kvt_ns_id ns);
 
 /** Choose the warm codecs of one layer (or KVT_ALL_LAYERS) of ns: a key
- * codec (K8, K8C, K4) and a value codec (V2, V3, V4). Applies to blocks
- * demoted from now on; blocks already warm keep the codecs they were
- * encoded with. Default: K8 and V3.
- * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_EOPTION (wrong kind of codec). */
+ * codec (K8, K8C, K4) and a value codec (V2, V3, V4). Either side (not
+ * both) may be KVT_CODEC_NONE: that side is then kept exact in the warm
+ * tier (its bytes in the namespace dtype), the other quantized; attention
+ * in place, gathers, reads and loads use the exact side as they use a hot
+ * block's, and the warm tier counts the exact side's full size. Applies to
+ * blocks demoted from now on; blocks already warm keep the codecs they
+ * were encoded with. Default: K8 and V3.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_EOPTION (wrong kind of codec,
+ *   or both KVT_CODEC_NONE). */
 int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id ns, uint32_t layer, int k_codec, int v_codec);
 
 /** Parse a codec pair such as "k8v3", "k8cv3", "k4v2" (key codec name then

@@ -68,7 +68,7 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "fraction of the context's blocks each layer keeps, (0, 1] (default 1)"},
       {"--policy", "P", CLI_STR, &c->policy, 0, 0, "full, recent, sink-recent or h2o (default full)"},
       {"--codec", "C", CLI_STR, &c->codec, 0, 0,
-       "quantize every block: k8v3 (both, warm, in place), k8 (keys), v3 (values), ..."},
+       "quantize every block (warm, in place): k8v3 (both), k8 (keys), v3 (values), ..."},
       {"--input", "FILE", CLI_STR, &c->input, 0, 0,
        "evaluate these token ids (one sequence a line) instead of sampling"},
       {"--dump-trace", "FILE", CLI_STR, &c->trace, 0, 0,
