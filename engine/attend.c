@@ -56,13 +56,13 @@ static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uin
                          float *sc) {
   const uint32_t kh = h / c->group;
   const float *q = c->q + (size_t)h * c->D;
-  if (b->tier == KVT_TIER_WARM) {
+  if (b->tier == KVT_TIER_WARM && b->k_codec != KVT_CODEC_NONE) {
     kvt_codec_k_dots_n(b->k_codec, &c->cs, b->payload, kh, q, gn, sc, c->stride);
     for (uint32_t j = 0; j < gn; j++)
       for (uint32_t t = 0; t < c->T; t++) sc[j * c->stride + t] *= c->scale;
     return;
   }
-  float k[KVT_MAX_HEAD_DIM];
+  float k[KVT_MAX_HEAD_DIM]; /* exact K: hot, or warm with K kept exact (first in both) */
   for (uint32_t t = 0; t < c->T; t++) { /* each row converted once for the gn heads */
     const uint8_t *row = b->payload + ((size_t)t * c->H + kh) * c->D * c->es;
     kvt_to_f32(row, c->ns->desc.shape.dtype, c->D, k);
@@ -76,11 +76,12 @@ static void block_scores(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uin
 static void block_values(const attend_ctx *c, const kvt_lblk *b, uint32_t h, uint32_t gn,
                          const float *p, float *rot) {
   const uint32_t kh = h / c->group;
-  if (b->tier == KVT_TIER_WARM) {
+  if (b->tier == KVT_TIER_WARM && b->v_codec != KVT_CODEC_NONE) {
     kvt_codec_v_accum_n(b->v_codec, &c->cs, b->payload + b->k_len, kh, p, c->stride, gn, rot);
     return;
   }
-  const uint8_t *v0 = b->payload + c->ns->bytes_each;
+  /* exact V: after exact K when hot, after K's warm form when V is kept exact */
+  const uint8_t *v0 = b->payload + (b->tier == KVT_TIER_WARM ? b->k_len : c->ns->bytes_each);
   float v[KVT_MAX_HEAD_DIM];
   for (uint32_t t = 0; t < c->T; t++) {
     float any = 0;
@@ -100,10 +101,7 @@ static int check_warm(const attend_ctx *c, kvt_lblk *const *blk, size_t n) {
   for (size_t i = 0; i < n; i++) {
     const kvt_lblk *b = blk[i];
     if (b->tier != KVT_TIER_WARM || b->checked) continue;
-    size_t kl = kvt_codec_size(b->k_codec, &c->cs), vl = kvt_codec_size(b->v_codec, &c->cs);
-    if (kl != b->k_len || kvt_codec_check(b->k_codec, &c->cs, b->payload, kl) ||
-        kvt_codec_check(b->v_codec, &c->cs, b->payload + kl, vl))
-      return KVT_ECORRUPT;
+    if (kvt_warm_check(&c->ns->lite, b, c->cs.seed)) return KVT_ECORRUPT;
   }
   return 0;
 }
@@ -150,8 +148,9 @@ static void attend_wave_run(const attend_ctx *c, const attend_wave *w) {
   memset(c->out + (size_t)w->h0 * c->D, 0, (size_t)nh * c->D * sizeof *c->out);
   memset(w->rot, 0, (size_t)nh * c->vdim * sizeof *w->rot);
   wave_values(c, w);
-  int any_warm = 0;
-  for (size_t i = 0; i < c->n; i++) any_warm |= c->blk[i]->tier == KVT_TIER_WARM;
+  int any_warm = 0; /* any value accumulated in the rotated domain */
+  for (size_t i = 0; i < c->n; i++)
+    any_warm |= c->blk[i]->tier == KVT_TIER_WARM && c->blk[i]->v_codec != KVT_CODEC_NONE;
   for (uint32_t j = 0; any_warm && j < nh; j++) {
     float v[KVT_MAX_HEAD_DIM], *o = c->out + (size_t)(w->h0 + j) * c->D;
     kvt_codec_v_unrotate(&c->cs, w->rot + (size_t)j * c->vdim, v);
@@ -181,7 +180,9 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
   const kvt_shape *sh = &s->ns->desc.shape;
   if (layer >= sh->n_layers) return KVT_ENOTFOUND;
   if (n_q_heads == 0 || n_q_heads % sh->n_kv_heads || n_q_heads > KVT_MAX_HEADS * 64)
-    return KVT_ECOUNT;
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_seq_attend", "n_q_heads",
+                   "a multiple of n_kv_heads, 1..65536", "%u (n_kv_heads %u)", n_q_heads,
+                   sh->n_kv_heads);
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
   if (scale == 0) scale = 1.0f / sqrtf((float)sh->head_dim);
   attend_ctx c = {.ns = s->ns, .T = sh->block_tokens, .H = sh->n_kv_heads, .D = sh->head_dim,
@@ -207,6 +208,12 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
     *n_blocks = away ? away : n;
     rc = away ? KVT_ENOTRESIDENT
               : (block_mass && max_blocks < n) ? KVT_EBUFSIZE : check_warm(&c, blk, n);
+    if (rc == KVT_EBUFSIZE)
+      KVT_ERR(e, rc, "kvt_seq_attend", "max_blocks", "at least the retained blocks",
+              "%zu (%zu retained)", max_blocks, n);
+    else if (rc == KVT_ENOTRESIDENT)
+      KVT_ERR(e, rc, "kvt_seq_attend", "layer", "every referenced block in RAM",
+              "%u blocks of layer %u only on disk", away, layer);
   }
   if (!rc) {
     if (block_mass) memset(block_mass, 0, n * sizeof *block_mass);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/internal.h"
 #include "io/io.h"
@@ -43,29 +44,58 @@ void kvt_options_init(kvt_options *opt) {
 #define KVT_OPEN_ALL (KVT_OPEN_RDONLY | KVT_OPEN_VERIFY_DEDUP | KVT_OPEN_METADATA_ONLY | \
                       KVT_OPEN_NOCREATE)
 
-static int options_check(const kvt_options *o) {
-  if (o->flags & ~KVT_OPEN_ALL) return KVT_EOPTION;
-  if (o->max_seqs == 0 || o->max_seqs > (1u << 24)) return KVT_EOPTION;
-  if (o->max_namespaces == 0 || o->max_namespaces > (1u << 16)) return KVT_EOPTION;
-  if (o->max_seq_blocks == 0 || o->max_seq_blocks > (1u << 28)) return KVT_EOPTION;
-  if (o->max_load_reqs == 0 || o->max_load_reqs > (1u << 24)) return KVT_EOPTION;
+/* The detail of a refused option: its name, the rule, the value given. */
+#define OPT_BAD(field, expected, ...) \
+  kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open", (field), (expected), __VA_ARGS__)
+
+static int options_check(const kvt_options *o, kvt_error_info *info) {
+  static const char *const gbps[KVT_N_TIERS] = {"", "tier_load_gbps[HOT]", "tier_load_gbps[WARM]",
+                                                "tier_load_gbps[COLD]"};
+  static const char *const lat[KVT_N_TIERS] = {"", "tier_load_latency_us[HOT]",
+                                               "tier_load_latency_us[WARM]",
+                                               "tier_load_latency_us[COLD]"};
+  if (o->flags & ~KVT_OPEN_ALL) return OPT_BAD("flags", "only KVT_OPEN_* bits", "0x%x", o->flags);
+  if (o->max_seqs == 0 || o->max_seqs > (1u << 24))
+    return OPT_BAD("max_seqs", "1..16777216", "%u", o->max_seqs);
+  if (o->max_namespaces == 0 || o->max_namespaces > (1u << 16))
+    return OPT_BAD("max_namespaces", "1..65536", "%u", o->max_namespaces);
+  if (o->max_seq_blocks == 0 || o->max_seq_blocks > (1u << 28))
+    return OPT_BAD("max_seq_blocks", "1..268435456", "%u", o->max_seq_blocks);
+  if (o->max_load_reqs == 0 || o->max_load_reqs > (1u << 24))
+    return OPT_BAD("max_load_reqs", "1..16777216", "%u", o->max_load_reqs);
   for (int i = 1; i < KVT_N_TIERS; i++) {
-    if (!(o->tier_load_gbps[i] > 0) || !isfinite(o->tier_load_gbps[i])) return KVT_EOPTION;
+    if (!(o->tier_load_gbps[i] > 0) || !isfinite(o->tier_load_gbps[i]))
+      return OPT_BAD(gbps[i], "finite and > 0", "%g", o->tier_load_gbps[i]);
     if (!(o->tier_load_latency_us[i] >= 0) || !isfinite(o->tier_load_latency_us[i]))
-      return KVT_EOPTION;
+      return OPT_BAD(lat[i], "finite and >= 0", "%g", o->tier_load_latency_us[i]);
   }
-  if (o->tier_bytes_limit[KVT_TIER_NONE] != 0) return KVT_EOPTION;
-  if (o->io_backend > KVT_BACKEND_PREAD || o->io_depth == 0 || o->io_depth > 4096) return KVT_EOPTION;
-  if (o->cold_compress > 1 || o->cold_group_bytes == 0) return KVT_EOPTION;
-  if (o->cold_admit > KVT_ADMIT_PROMPT) return KVT_EOPTION;
-  if (o->cold_evict > KVT_EVICT_CHAIN_LEAF) return KVT_EOPTION;
+  if (o->tier_bytes_limit[KVT_TIER_NONE] != 0)
+    return OPT_BAD("tier_bytes_limit[KVT_TIER_NONE]", "0", "%llu",
+                   (unsigned long long)o->tier_bytes_limit[KVT_TIER_NONE]);
+  if (o->io_backend > KVT_BACKEND_PREAD)
+    return OPT_BAD("io_backend", "a KVT_BACKEND_* (0..2)", "%u", o->io_backend);
+  if (o->io_depth == 0 || o->io_depth > 4096)
+    return OPT_BAD("io_depth", "1..4096", "%u", o->io_depth);
+  if (o->cold_compress > 1) return OPT_BAD("cold_compress", "0 or 1", "%u", o->cold_compress);
+  if (o->cold_group_bytes == 0) return OPT_BAD("cold_group_bytes", "> 0", "0");
+  if (o->cold_admit > KVT_ADMIT_PROMPT)
+    return OPT_BAD("cold_admit", "KVT_ADMIT_ALL or KVT_ADMIT_PROMPT", "%u", o->cold_admit);
+  if (o->cold_evict > KVT_EVICT_CHAIN_LEAF)
+    return OPT_BAD("cold_evict", "a KVT_EVICT_*", "%u", o->cold_evict);
   /* a metadata-only cold tier has no segments or index map */
   if (o->tier_bytes_limit[KVT_TIER_COLD] && !(o->flags & KVT_OPEN_METADATA_ONLY)) {
-    if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096) return KVT_EOPTION;
-    if (o->tier_bytes_limit[KVT_TIER_COLD] / 2 < o->cold_segment_bytes) return KVT_EOPTION;
-    if (o->cold_index_bytes < (1u << 20)) return KVT_EOPTION;
+    if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096)
+      return OPT_BAD("cold_segment_bytes", ">= 1 MiB and a multiple of 4096", "%llu",
+                     (unsigned long long)o->cold_segment_bytes);
+    if (o->tier_bytes_limit[KVT_TIER_COLD] / 2 < o->cold_segment_bytes)
+      return OPT_BAD("tier_bytes_limit[KVT_TIER_COLD]",
+                     "at least two segments (2 * cold_segment_bytes)", "%llu",
+                     (unsigned long long)o->tier_bytes_limit[KVT_TIER_COLD]);
+    if (o->cold_index_bytes < (1u << 20))
+      return OPT_BAD("cold_index_bytes", ">= 1 MiB", "%llu",
+                     (unsigned long long)o->cold_index_bytes);
   }
-  if (o->test_fault.kind > 5) return KVT_EOPTION;
+  if (o->test_fault.kind > 5) return OPT_BAD("test_fault.kind", "0..5", "%u", o->test_fault.kind);
   return 0;
 }
 
@@ -82,26 +112,66 @@ static int want_cold(const kvt_engine *e, const char *dir) {
   return kvt_io_exists(path);
 }
 
+/* A writer opened without a cold limit on a store that has a cold tier
+ * would show an empty cache over the stored blocks: refused instead.
+ * The store records no byte limit (only its segment size), so the caller
+ * must say how much disk the tier may use. */
+static int cold_limit_check(const kvt_engine *e, const char *dir, kvt_error_info *info) {
+  if (!dir || kvt_rdonly(e) || kvt_meta_only(e) || e->opt.tier_bytes_limit[KVT_TIER_COLD] > 0)
+    return 0;
+  char path[4200];
+  if (snprintf(path, sizeof path, "%s/index", dir) >= (int)sizeof path) return 0;
+  if (!kvt_io_exists(path)) return 0;
+  return kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open", "tier_bytes_limit[KVT_TIER_COLD]",
+                      "> 0 (the store has a cold tier; or open it with KVT_OPEN_RDONLY)", "0");
+}
+
+/* The detail of a failure to open the store directory. */
+static int dir_error(const char *dir, int rc, kvt_error_info *info) {
+  if (rc != KVT_ELOCKED)
+    return kvt_err_fill(info, rc, "kvt_engine_open", "dir", NULL, "%s (%s)", dir, kvt_strerror(rc));
+  int pid = kvt_io_lock_owner(dir);
+  if (pid == (int)getpid())
+    return kvt_err_fill(info, rc, "kvt_engine_open", "LOCK",
+                        "no other writer (close the other engine first)",
+                        "held by this process: another kvt_engine has %s open for writing", dir);
+  if (pid > 0)
+    return kvt_err_fill(info, rc, "kvt_engine_open", "LOCK", "no other writer",
+                        "held by process %d, which has %s open for writing", pid, dir);
+  return kvt_err_fill(info, rc, "kvt_engine_open", "LOCK", "no other writer",
+                      "held by another writer of %s", dir);
+}
+
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
-  if (!out) return KVT_ENULL;
+  return kvt_engine_open_info(dir, opt, out, NULL);
+}
+
+int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **out,
+                         kvt_error_info *info) {
+  if (info) memset(info, 0, sizeof *info);
+  if (!out) return kvt_err_fill(info, KVT_ENULL, "kvt_engine_open", "out", "not NULL", "NULL");
   *out = NULL;
   kvt_options o;
   if (opt) o = *opt;
   else kvt_options_init(&o);
-  if (!dir && !(o.flags & KVT_OPEN_METADATA_ONLY)) return KVT_ENULL;
-  int rc = options_check(&o);
+  if (!dir && !(o.flags & KVT_OPEN_METADATA_ONLY))
+    return kvt_err_fill(info, KVT_ENULL, "kvt_engine_open", "dir",
+                        "a directory (NULL only with KVT_OPEN_METADATA_ONLY)", "NULL");
+  int rc = options_check(&o, info);
   if (rc) return rc;
 
   kvt_mem mem;
   kvt_mem_init(&mem, o.test_fail_alloc_after);
   kvt_engine *e = kvt_mem_calloc(&mem, KVT_MEM_OTHER, sizeof *e);
-  if (!e) return -ENOMEM;
+  if (!e) return kvt_err_fill(info, -ENOMEM, "kvt_engine_open", "memory", NULL, "%s",
+                              kvt_strerror(-ENOMEM));
   e->opt = o;
   e->mem = mem; /* counters copied: the engine allocation itself is counted */
   pthread_mutex_init(&e->mem.pool_lock, NULL); /* a copied mutex is not a mutex */
   kvt_mem_pool_cap(&e->mem, o.tier_bytes_limit[KVT_TIER_HOT] / 8 < (64u << 20)
                                 ? o.tier_bytes_limit[KVT_TIER_HOT] / 8 : (64u << 20));
   e->lock_fd = -1;
+  kvt_err_table_init(&e->err);
   e->seqs.next = e->seqs.prev = &e->seqs;
   e->loads.next = e->loads.prev = &e->loads;
   static const char *const names[KVT_N_TIERS] = {"none", "hot", "warm", "cold"};
@@ -122,9 +192,14 @@ int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
     goto fail;
   }
   if (dir) rc = kvt_io_dir_open(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
+  if (rc) dir_error(dir, rc, info);
+  if (!rc) rc = cold_limit_check(e, dir, info);
   if (!rc && kvt_meta_only(e) && o.tier_bytes_limit[KVT_TIER_COLD] > 0) rc = kvt_mcold_start(e);
   else if (!rc && dir && !kvt_meta_only(e) && want_cold(e, dir)) rc = kvt_cold_start(e, dir);
   if (!rc && e->cold) rc = kvt_ns_load(e);
+  if (rc && info && !info->code)
+    kvt_err_fill(info, rc, "kvt_engine_open", "store", NULL, "%s (%s)",
+                 dir ? dir : "(metadata-only)", kvt_strerror(rc));
   if (rc) {
     pthread_mutex_lock(&e->lock);
     if (e->cold) kvt_cold_stop(e);
@@ -139,6 +214,9 @@ int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
   *out = e;
   return 0;
 fail:
+  if (rc == -ENOMEM && info && !info->code)
+    kvt_err_fill(info, rc, "kvt_engine_open", "memory", NULL, "%s", kvt_strerror(rc));
+  kvt_err_table_fini(&e->err);
   kvt_mem_free(&e->mem, KVT_MEM_INDEX, e->buckets, e->n_buckets * sizeof *e->buckets);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns, o.max_namespaces * sizeof *e->ns);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns_gen, o.max_namespaces * sizeof *e->ns_gen);
@@ -169,6 +247,7 @@ void kvt_engine_close(kvt_engine *e) {
   pthread_mutex_unlock(&e->lock);
   pthread_mutex_destroy(&e->lock);
   kvt_io_dir_close(e->lock_fd);
+  kvt_err_table_fini(&e->err);
   free(e->buckets);
   free(e->ns);
   free(e->ns_gen);
@@ -238,14 +317,27 @@ size_t kvt_shape_block_bytes(const kvt_shape *s) {
   return (size_t)s->block_tokens * s->n_kv_heads * s->head_dim * kvt_dtype_size(s->dtype);
 }
 
-int kvt_shape_check(const kvt_shape *s) {
-  if (kvt_dtype_size(s->dtype) == 0) return KVT_EDTYPE;
-  if (s->n_layers == 0 || s->n_layers > KVT_MAX_LAYERS) return KVT_ESHAPE;
-  if (s->n_kv_heads == 0 || s->n_kv_heads > KVT_MAX_HEADS) return KVT_ESHAPE;
-  if (s->head_dim == 0 || s->head_dim > KVT_MAX_HEAD_DIM) return KVT_ESHAPE;
+int kvt_shape_check(const kvt_shape *s) { return kvt_shape_check_info(s, NULL, NULL); }
+
+#define SHAPE_BAD(code, field, expected, ...) \
+  kvt_err_fill(info, (code), call, (field), (expected), __VA_ARGS__)
+
+int kvt_shape_check_info(const kvt_shape *s, kvt_error_info *info, const char *call) {
+  if (kvt_dtype_size(s->dtype) == 0)
+    return SHAPE_BAD(KVT_EDTYPE, "shape.dtype", "KVT_F32 (1), KVT_F16 (2) or KVT_BF16 (3)", "%u",
+                     s->dtype);
+  if (s->n_layers == 0 || s->n_layers > KVT_MAX_LAYERS)
+    return SHAPE_BAD(KVT_ESHAPE, "shape.n_layers", "1..1024", "%u", s->n_layers);
+  if (s->n_kv_heads == 0 || s->n_kv_heads > KVT_MAX_HEADS)
+    return SHAPE_BAD(KVT_ESHAPE, "shape.n_kv_heads", "1..1024", "%u", s->n_kv_heads);
+  if (s->head_dim == 0 || s->head_dim > KVT_MAX_HEAD_DIM)
+    return SHAPE_BAD(KVT_ESHAPE, "shape.head_dim", "1..1024", "%u", s->head_dim);
   uint32_t bt = s->block_tokens;
-  if (bt == 0 || bt > KVT_MAX_BLOCK_TOKENS || (bt & (bt - 1))) return KVT_ESHAPE;
-  if (2 * (uint64_t)kvt_shape_block_bytes(s) > KVT_MAX_BLOCK_BYTES) return KVT_ESHAPE;
+  if (bt == 0 || bt > KVT_MAX_BLOCK_TOKENS || (bt & (bt - 1)))
+    return SHAPE_BAD(KVT_ESHAPE, "shape.block_tokens", "a power of two in 1..4096", "%u", bt);
+  if (2 * (uint64_t)kvt_shape_block_bytes(s) > KVT_MAX_BLOCK_BYTES)
+    return SHAPE_BAD(KVT_ESHAPE, "shape (K plus V of one layer block)", "at most 256 MiB",
+                     "%llu bytes", 2 * (unsigned long long)kvt_shape_block_bytes(s));
   return 0;
 }
 
@@ -293,15 +385,29 @@ static int str_ok(const char *s, int required) {
   return (n > 0 || !required) && n <= KVT_MAX_ID_LEN;
 }
 
-static int ns_desc_check(const kvt_ns_desc *d) {
-  if (!d->model_id || !d->weights_fingerprint) return KVT_ENULL;
-  if (!str_ok(d->model_id, 1) || !str_ok(d->weights_fingerprint, 1) ||
-      !str_ok(d->rope_scaling, 0))
-    return KVT_EOPTION;
-  if (d->tp_size == 0 || d->tp_rank >= d->tp_size) return KVT_EOPTION;
-  if (!(d->rope_theta >= 0) || !isfinite(d->rope_theta)) return KVT_EOPTION;
-  if (d->rope_dims > d->shape.head_dim) return KVT_EOPTION;
-  return kvt_shape_check(&d->shape);
+#define DESC_BAD(field, expected, ...) \
+  kvt_err_fill(info, KVT_EOPTION, "kvt_ns_register", (field), (expected), __VA_ARGS__)
+
+static int ns_desc_check(const kvt_ns_desc *d, kvt_error_info *info) {
+  if (!d->model_id || !d->weights_fingerprint)
+    return kvt_err_fill(info, KVT_ENULL, "kvt_ns_register",
+                        d->model_id ? "weights_fingerprint" : "model_id", "not NULL", "NULL");
+  if (!str_ok(d->model_id, 1))
+    return DESC_BAD("model_id", "1..255 bytes", "%zu bytes", strlen(d->model_id));
+  if (!str_ok(d->weights_fingerprint, 1))
+    return DESC_BAD("weights_fingerprint", "1..255 bytes", "%zu bytes",
+                    strlen(d->weights_fingerprint));
+  if (!str_ok(d->rope_scaling, 0))
+    return DESC_BAD("rope_scaling", "at most 255 bytes", "%zu bytes", strlen(d->rope_scaling));
+  if (d->tp_size == 0) return DESC_BAD("tp_size", ">= 1", "0");
+  if (d->tp_rank >= d->tp_size)
+    return DESC_BAD("tp_rank", "below tp_size", "%u (tp_size %u)", d->tp_rank, d->tp_size);
+  if (!(d->rope_theta >= 0) || !isfinite(d->rope_theta))
+    return DESC_BAD("rope_theta", "finite and >= 0", "%g", d->rope_theta);
+  if (d->rope_dims > d->shape.head_dim)
+    return DESC_BAD("rope_dims", "at most head_dim", "%u (head_dim %u)", d->rope_dims,
+                    d->shape.head_dim);
+  return kvt_shape_check_info(&d->shape, info, "kvt_ns_register");
 }
 
 static int same_identity(const kvt_ns_desc *a, const kvt_ns_desc *b) {
@@ -353,15 +459,31 @@ static kvt_nsrec *nsrec_new(kvt_engine *e, const kvt_ns_desc *d) {
   return ns;
 }
 
+/* The detail of KVT_ENSCONFLICT: the first field of the shape that differs. */
+static int shape_conflict(kvt_engine *e, const kvt_shape *have, const kvt_shape *got) {
+  static const char *const names[5] = {"shape.n_layers", "shape.n_kv_heads", "shape.head_dim",
+                                       "shape.dtype", "shape.block_tokens"};
+  const uint32_t h[5] = {have->n_layers, have->n_kv_heads, have->head_dim, have->dtype,
+                         have->block_tokens};
+  const uint32_t g[5] = {got->n_layers, got->n_kv_heads, got->head_dim, got->dtype,
+                         got->block_tokens};
+  int i = 0;
+  while (i < 4 && h[i] == g[i]) i++;
+  char want[96];
+  snprintf(want, sizeof want, "%u, as the namespace is registered", h[i]);
+  return KVT_ERR(e, KVT_ENSCONFLICT, "kvt_ns_register", names[i], want, "%u", g[i]);
+}
+
 /* Find or add namespace d, with the lock held; persist says whether to
  * write it to the cold tier (not when it was just read from there). */
 static int ns_add_locked(kvt_engine *e, const kvt_ns_desc *d, int persist, kvt_ns_id *out) {
   for (uint32_t i = 0; i < e->n_ns; i++) {
     kvt_nsrec *ns = e->ns[i];
     if (!ns || !same_identity(&ns->desc, d)) continue;
-    int rc = memcmp(&ns->desc.shape, &d->shape, sizeof d->shape) ? KVT_ENSCONFLICT : 0;
-    if (!rc) *out = ns->id;
-    return rc;
+    if (memcmp(&ns->desc.shape, &d->shape, sizeof d->shape))
+      return shape_conflict(e, &ns->desc.shape, &d->shape);
+    *out = ns->id;
+    return 0;
   }
   uint32_t slot = 0;
   while (slot < e->n_ns && e->ns[slot]) slot++;
@@ -387,8 +509,9 @@ static int ns_add_locked(kvt_engine *e, const kvt_ns_desc *d, int persist, kvt_n
 
 int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *d, kvt_ns_id *out) {
   if (!e || !d || !out) return KVT_ENULL;
-  int rc = ns_desc_check(d);
-  if (rc) return rc;
+  kvt_error_info info;
+  int rc = ns_desc_check(d, &info);
+  if (rc) return kvt_err_keep(&e->err, &info);
   if (kvt_rdonly(e)) return KVT_ERDONLY;
   pthread_mutex_lock(&e->lock);
   rc = ns_add_locked(e, d, 1, out);
@@ -403,7 +526,7 @@ static int ns_load_one(void *arg, const kvt_key *seed, const uint8_t *enc, size_
   char strs[3 * (KVT_MAX_ID_LEN + 1)];
   kvt_key check;
   kvt_ns_id id;
-  if (kvt_ns_decode(enc, len, &d, strs) || ns_desc_check(&d)) return KVT_ECORRUPT;
+  if (kvt_ns_decode(enc, len, &d, strs) || ns_desc_check(&d, NULL)) return KVT_ECORRUPT;
   kvt_ns_seed_of(&d, &check);
   if (!kvt_key_eq(&check, seed)) return KVT_ECORRUPT;
   return ns_add_locked(e, &d, 0, &id);
@@ -452,7 +575,16 @@ int kvt_ns_seed(kvt_engine *e, kvt_ns_id id, kvt_key *out) {
 int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, int v_codec) {
   if (!e) return KVT_ENULL;
   const kvt_codec *kc = kvt_codec_get(k_codec), *vc = kvt_codec_get(v_codec);
-  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
+  /* KVT_CODEC_NONE keeps that side exact; one side at least is quantized */
+  if (k_codec == KVT_CODEC_NONE && v_codec == KVT_CODEC_NONE)
+    return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "k_codec and v_codec",
+                   "at least one quantized side", "both KVT_CODEC_NONE");
+  if (k_codec != KVT_CODEC_NONE && (!kc || kc->is_value))
+    return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "k_codec",
+                   "KVT_CODEC_NONE or a key codec (K8, K8C, K4)", "%d", k_codec);
+  if (v_codec != KVT_CODEC_NONE && (!vc || !vc->is_value))
+    return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "v_codec",
+                   "KVT_CODEC_NONE or a value codec (V2, V3, V4)", "%d", v_codec);
   pthread_mutex_lock(&e->lock);
   kvt_nsrec *ns = kvt_ns_find(e, id);
   int rc = 0;
@@ -511,7 +643,9 @@ int kvt_keys(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_token
   if (rc) return rc;
   size_t n = n_tokens / bt;
   *n_keys = n;
-  if (n > max_keys) return KVT_ECOUNT;
+  if (n > max_keys)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_keys", "max_keys", "at least n_tokens / block_tokens",
+                   "%zu (%zu keys needed)", max_keys, n);
   if (n && !keys) return KVT_ENULL;
   for (size_t i = 0; i < n; i++)
     kvt_key_next(&seed, i ? &keys[i - 1] : NULL, tokens + i * bt, bt, &keys[i]);
@@ -1002,7 +1136,9 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
   int rc = ns_chain_params(e, id, &seed, &bt);
   if (rc) return rc;
   size_t n = n_tokens / bt;
-  if (n == 0) return KVT_ECOUNT;
+  if (n == 0)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_drop_prefix", "n_tokens", "at least one block",
+                   "%zu (block_tokens %u)", n_tokens, bt);
   kvt_key_next(&seed, NULL, tokens, bt, &cur);
   for (size_t i = 1; i < n; i++) {
     prev = cur;

@@ -4,13 +4,13 @@
 #include <string.h>
 
 static const char *const kvt_msgs[] = {
-  "K/V shape differs from the namespace (tokens, heads or head_dim)",   /* ESHAPE */
+  "shape is invalid or differs from the namespace",                     /* ESHAPE */
   "dtype differs from the namespace or is unknown",                     /* EDTYPE */
   "count is zero, too large, or not what the call needs",               /* ECOUNT */
   "a required pointer is NULL",                                         /* ENULL */
   "K or V holds NaN or infinity",                                       /* ENONFINITE */
   "every tier is full and all it holds is referenced",                  /* EFULL */
-  "another process has the store open for writing",                     /* ELOCKED */
+  "another writer (engine or process) has the store open",              /* ELOCKED */
   "the engine was opened read-only",                                    /* ERDONLY */
   "no such namespace, block or layer",                                  /* ENOTFOUND */
   "namespace is registered with a different shape",                     /* ENSCONFLICT */

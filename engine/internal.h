@@ -8,12 +8,14 @@
  *     which case it is freed as soon as refs and pins reach 0.
  *  3. tier.bytes_used <= tier.bytes_limit after every call returns.
  *  4. Payload bytes are copied outside the engine lock, under a pin.
- * Lock order: e->lock is the only lock; nothing else is held with it. */
+ * Lock order: e->lock is the only lock; nothing else is held with it, but
+ * the leaf lock of the error table (e->err.lock, errinfo.h), taken last. */
 #ifndef KVT_INTERNAL_H
 #define KVT_INTERNAL_H
 
 #include <pthread.h>
 
+#include "engine/errinfo.h"
 #include "engine/key.h"
 #include "engine/mem.h"
 #include "engine/policy.h"
@@ -114,7 +116,12 @@ struct kvt_engine {
   int cold_backlog;           /* atomic: blocks queued or room awaited (kvt_cold_backlog) */
   /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
   kvt_cold_meta *mcold;
+  kvt_err_table err;          /* detail of failed calls, per thread (errinfo.c) */
 };
+
+/* Record the detail of a failing call on e for this thread; evaluates to code. */
+#define KVT_ERR(e, code, call, field, expected, ...) \
+  kvt_err_record(&(e)->err, (code), (call), (field), (expected), __VA_ARGS__)
 
 static inline int kvt_rdonly(const kvt_engine *e) { return (e->opt.flags & KVT_OPEN_RDONLY) != 0; }
 static inline int kvt_meta_only(const kvt_engine *e) {
@@ -200,6 +207,8 @@ void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);
+/* The same, filling *info (may be NULL) for call when it fails. */
+int kvt_shape_check_info(const kvt_shape *s, kvt_error_info *info, const char *call);
 int kvt_finite_check(const void *data, size_t n_elems, uint32_t dtype);
 
 #endif

@@ -88,9 +88,13 @@ void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
 
 int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p) {
   if (!s || !p) return KVT_ENULL;
-  if (p->scorer >= KVT_N_SCORERS || !(p->hot_share > 0 && p->hot_share <= 1))
-    return KVT_EOPTION;
   kvt_engine *e = s->e;
+  if (p->scorer >= KVT_N_SCORERS)
+    return KVT_ERR(e, KVT_EOPTION, "kvt_seq_set_policy", "scorer", "a kvt_scorer_id (0..3)", "%u",
+                   p->scorer);
+  if (!(p->hot_share > 0 && p->hot_share <= 1))
+    return KVT_ERR(e, KVT_EOPTION, "kvt_seq_set_policy", "hot_share", "in (0, 1]", "%g",
+                   p->hot_share);
   pthread_mutex_lock(&e->lock);
   s->pol = *p;
   for (uint32_t l = 0; l < s->ns->desc.shape.n_layers; l++) kvt_policy_apply_locked(s, l);
@@ -102,14 +106,17 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
   if (!s || (n_blocks && !block_mass)) return KVT_ENULL;
   uint32_t L = s->ns->desc.shape.n_layers;
   if (layer >= L) return KVT_ENOTFOUND;
-  for (size_t i = 0; i < n_blocks; i++)
-    if (!(block_mass[i] >= 0) || !isfinite(block_mass[i])) return KVT_EOPTION;
   kvt_engine *e = s->e;
+  for (size_t i = 0; i < n_blocks; i++)
+    if (!(block_mass[i] >= 0) || !isfinite(block_mass[i]))
+      return KVT_ERR(e, KVT_EOPTION, "kvt_seq_observe", "block_mass[i]", "finite and >= 0",
+                     "%g at i = %zu", block_mass[i], i);
   int rc = 0;
   pthread_mutex_lock(&e->lock);
   size_t n = kvt_retained_pin(s, layer, NULL, NULL);
   if (n != n_blocks) {
-    rc = KVT_ECOUNT;
+    rc = KVT_ERR(e, KVT_ECOUNT, "kvt_seq_observe", "n_blocks", "the number of retained blocks",
+                 "%zu (%zu retained)", n_blocks, n);
   } else {
     for (uint32_t b = 0, i = 0; b < s->n_blocks; b++) {
       if (!retained_at(s, b, layer)) continue;
@@ -143,6 +150,9 @@ int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t ma
   size_t n = away ? away : kvt_retained_pin(s, layer, NULL, NULL);
   int rc = away ? KVT_ENOTRESIDENT : n > max_blocks && blocks ? KVT_EBUFSIZE : 0;
   if (away && blocks && max_blocks >= away) list_away(s, layer, blocks);
+  if (rc == KVT_EBUFSIZE)
+    KVT_ERR(e, rc, "kvt_seq_retained", "max_blocks", "at least the retained blocks",
+            "%zu (%zu retained)", max_blocks, n);
   for (uint32_t b = 0, i = 0; !rc && blocks && b < s->n_blocks; b++) {
     if (!retained_at(s, b, layer)) continue;
     const kvt_lblk *lb = s->lb[(size_t)b * s->ns->desc.shape.n_layers + layer];

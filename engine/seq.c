@@ -79,7 +79,9 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
   *out = NULL;
   kvt_engine *e = parent->e;
   if (n_blocks == UINT32_MAX) n_blocks = parent->n_blocks;
-  if (n_blocks > parent->n_blocks) return KVT_ECOUNT;
+  if (n_blocks > parent->n_blocks)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_seq_fork", "n_blocks", "at most the parent's blocks",
+                   "%u (the parent has %u)", n_blocks, parent->n_blocks);
   uint32_t L = parent->ns->desc.shape.n_layers;
   int rc = 0;
   pthread_mutex_lock(&e->lock);
@@ -190,7 +192,10 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   kvt_engine *e = s->e;
   kvt_nsrec *ns = s->ns;
   uint32_t L = ns->desc.shape.n_layers, b = s->n_blocks;
-  if (n_tokens != ns->desc.shape.block_tokens) return KVT_ECOUNT;
+  if (n_tokens != ns->desc.shape.block_tokens)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_seq_append", "n_tokens",
+                   "the namespace's block_tokens, one whole block", "%u (block_tokens %u)",
+                   n_tokens, ns->desc.shape.block_tokens);
   if (b >= e->opt.max_seq_blocks) return KVT_ELIMIT;
   kvt_key key;
   const kvt_key *parent = b ? &s->tb[b - 1]->key : NULL;
@@ -252,10 +257,18 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
 static int kv_check(const kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   const kvt_shape *sh = &s->ns->desc.shape;
   if (!kv) return KVT_ENULL;
-  if (kv->dtype != sh->dtype) return KVT_EDTYPE;
-  if (kv->n_tokens != sh->block_tokens || kv->n_heads != sh->n_kv_heads ||
-      kv->head_dim != sh->head_dim)
-    return KVT_ESHAPE;
+  if (kv->dtype != sh->dtype)
+    return KVT_ERR(s->e, KVT_EDTYPE, "kvt_seq_put", "kv.dtype", "the namespace's dtype",
+                   "%u (the namespace has %u)", kv->dtype, sh->dtype);
+  if (kv->n_tokens != sh->block_tokens)
+    return KVT_ERR(s->e, KVT_ESHAPE, "kvt_seq_put", "kv.n_tokens", "the namespace's block_tokens",
+                   "%u (the namespace has %u)", kv->n_tokens, sh->block_tokens);
+  if (kv->n_heads != sh->n_kv_heads)
+    return KVT_ERR(s->e, KVT_ESHAPE, "kvt_seq_put", "kv.n_heads", "the namespace's n_kv_heads",
+                   "%u (the namespace has %u)", kv->n_heads, sh->n_kv_heads);
+  if (kv->head_dim != sh->head_dim)
+    return KVT_ERR(s->e, KVT_ESHAPE, "kvt_seq_put", "kv.head_dim", "the namespace's head_dim",
+                   "%u (the namespace has %u)", kv->head_dim, sh->head_dim);
   if (block >= s->n_blocks || layer >= sh->n_layers) return KVT_ENOTFOUND;
   if (kvt_meta_only(s->e)) return 0;
   if (!kv->k || !kv->v) return KVT_ENULL;
@@ -475,7 +488,10 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
   uint32_t L = s->ns->desc.shape.n_layers;
   if (block >= s->n_blocks || layer >= L) return KVT_ENOTFOUND;
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
-  if (bytes_each != s->ns->bytes_each) return KVT_EBUFSIZE;
+  if (bytes_each != s->ns->bytes_each)
+    return KVT_ERR(e, KVT_EBUFSIZE, "kvt_seq_read", "bytes_each",
+                   "the bytes of K in one layer block", "%zu (a layer block's K takes %zu)",
+                   bytes_each, s->ns->bytes_each);
   kvt_lblk *b = s->lb[(size_t)block * L + layer];
   kvt_tblk *tb = s->tb[block];
   pthread_mutex_lock(&e->lock);
@@ -557,6 +573,15 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   if (rc) kvt_retained_unpin(e, blk, n);
   pthread_mutex_unlock(&e->lock);
   *n_blocks = away ? away : n;
+  if (rc == KVT_EBUFSIZE && *bytes_each < need)
+    KVT_ERR(e, rc, "kvt_seq_gather", "bytes_each", "room for every retained block",
+            "%zu (%zu blocks need %zu)", *bytes_each, n, need);
+  else if (rc == KVT_EBUFSIZE)
+    KVT_ERR(e, rc, "kvt_seq_gather", "max_blocks", "at least the retained blocks",
+            "%zu (%zu retained)", max_blocks, n);
+  else if (rc == KVT_ENOTRESIDENT)
+    KVT_ERR(e, rc, "kvt_seq_gather", "layer", "every referenced block in RAM",
+            "%u blocks of layer %u only on disk", away, layer);
   if (!rc) {
     uint32_t bt = s->ns->desc.shape.block_tokens;
     for (size_t i = 0; i < n && !rc; i++) {
@@ -650,7 +675,9 @@ static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
 int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, kvt_load **out) {
   if (!e || !reqs || !out) return KVT_ENULL;
   *out = NULL;
-  if (n == 0 || n > e->opt.max_load_reqs) return KVT_ECOUNT;
+  if (n == 0 || n > e->opt.max_load_reqs)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_load_submit", "n", "1..max_load_reqs",
+                   "%zu (max_load_reqs %u)", n, e->opt.max_load_reqs);
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
   kvt_load *ld = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, sizeof *ld);
   kvt_lblk **blk = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, n * sizeof *blk);
@@ -698,7 +725,7 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
 int kvt_load_wait(kvt_load *ld, size_t *n_ok) {
   if (!ld) return KVT_ENULL;
   kvt_engine *e = ld->e;
-  size_t ok = 0;
+  size_t ok = 0, first_i = 0;
   int first = 0;
   if (ld->cb) load_cold_finish(e, ld);
   for (size_t i = 0; i < ld->n; i++) {
@@ -714,8 +741,15 @@ int kvt_load_wait(kvt_load *ld, size_t *n_ok) {
       r->tier = ld->blk[i]->tier;
       ok += r->status == 0;
     }
-    if (r->status && !first) first = r->status;
+    if (r->status && !first) {
+      first = r->status;
+      first_i = i;
+    }
   }
+  if (first == KVT_EBUFSIZE)
+    KVT_ERR(e, first, "kvt_load_wait", "reqs[i].bytes_each", "the bytes of K in one layer block",
+            "%zu in request %zu (a layer block's K takes %zu)", ld->reqs[first_i].bytes_each,
+            first_i, ld->ns->bytes_each);
   pthread_mutex_lock(&e->lock);
   for (size_t i = 0; i < ld->n; i++)
     if (ld->blk[i] && ld->reqs[i].status == 0) count_read(e, ld->blk[i]);

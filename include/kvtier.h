@@ -53,13 +53,13 @@ extern "C" {
  * kvtier's own codes; system errors are returned as -errno.
  * @{ */
 #define KVT_E_FIRST     (-30900)
-#define KVT_ESHAPE      (-30900) /**< tokens, heads or head_dim differ from the namespace */
+#define KVT_ESHAPE      (-30900) /**< a shape is out of range, or differs from the namespace */
 #define KVT_EDTYPE      (-30901) /**< dtype differs from the namespace, or is unknown */
 #define KVT_ECOUNT      (-30902) /**< a count is zero, too large, or not what the call needs */
 #define KVT_ENULL       (-30903) /**< a required pointer is NULL */
 #define KVT_ENONFINITE  (-30904) /**< K or V holds NaN or infinity */
 #define KVT_EFULL       (-30905) /**< every tier is full and all it holds is referenced */
-#define KVT_ELOCKED     (-30906) /**< another process has the store open for writing */
+#define KVT_ELOCKED     (-30906) /**< another writer (engine or process) has the store open */
 #define KVT_ERDONLY     (-30907) /**< the engine was opened read-only */
 #define KVT_ENOTFOUND   (-30908) /**< no such namespace, block or layer */
 #define KVT_ENSCONFLICT (-30909) /**< namespace exists with a different shape */
@@ -81,6 +81,37 @@ extern "C" {
 /** Explain a return code: a KVT_E* code, -errno, or 0. Never NULL; the
  * string is static. */
 const char *kvt_strerror(int err);
+
+/** Detail of a failed call: what was wrong, what was expected, what was
+ * given. kvt_strerror() says what a code means in general; this says
+ * which field of which call. */
+typedef struct kvt_error_info {
+  int code;           /**< the code the call returned; 0 when nothing is recorded */
+  char call[32];      /**< the function that failed, e.g. "kvt_ns_register" */
+  char field[48];     /**< what was wrong, e.g. "shape.block_tokens" */
+  char expected[96];  /**< what it must be, e.g. "a power of two in 1..4096" */
+  char got[96];       /**< what it was, e.g. "12" */
+  char message[320];  /**< all of it in one line, e.g. "kvt_ns_register: shape.block_tokens
+                           is 12, expected a power of two in 1..4096" */
+} kvt_error_info;
+
+struct kvt_engine;
+/** Detail of the last failed call that the calling thread made on e and
+ * that recorded one. Calls record detail when they return KVT_ESHAPE,
+ * KVT_EDTYPE, KVT_EOPTION, KVT_ECOUNT, KVT_EBUFSIZE, KVT_ENSCONFLICT or
+ * KVT_ELOCKED (and some other codes); a successful call, or a failure that
+ * records nothing, leaves the last detail as it was, so compare info->code
+ * with the code you got before using it. Detail is kept per thread and per
+ * engine: threads never see each other's, and a call on another engine
+ * does not touch e's. The engine keeps detail for the last
+ * KVT_ERROR_THREADS threads that failed a call on it; an older thread's
+ * detail may be gone (KVT_ENOTFOUND then). It lives until the engine is
+ * closed; *info is a copy, the caller's. The detail of a failed
+ * kvt_engine_open() comes from kvt_engine_open_info() instead.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (nothing recorded for this thread;
+ *   *info is zeroed). */
+int kvt_last_error(struct kvt_engine *e, kvt_error_info *info);
+#define KVT_ERROR_THREADS 16u
 
 /** @defgroup types Types
  * @{ */
@@ -197,7 +228,10 @@ typedef struct kvt_options {
   double tier_load_latency_us[KVT_N_TIERS]; /**< fixed cost per block in estimates */
   uint64_t test_fail_alloc_after; /**< testing: fail the Nth allocation (0 = never) */
   /* The cold tier exists when tier_bytes_limit[KVT_TIER_COLD] > 0, or is
-   * opened read-only when the store has one. Its limit must hold two
+   * opened read-only when the store has one. A writer on a store that has
+   * a cold tier must give a limit (the store does not record one):
+   * kvt_engine_open() refuses 0 with KVT_EOPTION rather than hide the
+   * stored blocks. Its limit must hold two
    * segments: one stays spare for relocating blocks out of a reclaimed
    * segment (docs/format.md, "Capacity"). */
   uint64_t cold_segment_bytes;    /**< one segment file; >= 1 MiB, multiple of 4 KiB (64 MiB) */
@@ -360,10 +394,22 @@ void kvt_options_init(kvt_options *opt);
  *   no directory, no lock.
  * @param opt may be NULL for the defaults; copied, not kept.
  * @param out receives the engine; on failure set to NULL.
- * @return 0; KVT_ENULL; KVT_EOPTION; KVT_ELOCKED when another process holds
- *   the store for writing; -ENOENT (read-only or NOCREATE, no directory);
- *   -ENOMEM; other -errno from the file system. */
+ * @return 0; KVT_ENULL; KVT_EOPTION (also: a writer with cold limit 0 on a
+ *   store that has a cold tier); KVT_ELOCKED when another writer holds the
+ *   store, in another process or in this one (another engine);
+ *   -ENOENT (read-only or NOCREATE, no directory); -ENOMEM; other -errno
+ *   from the file system. */
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
+
+/** kvt_engine_open(), and on failure the detail of what was wrong in
+ * *info (which may be NULL): the option and its value for KVT_EOPTION,
+ * who holds the lock for KVT_ELOCKED ("this process" when another engine
+ * of the same process has the store open for writing, else the pid that
+ * took it), the path for -errno from the file system. There is no engine
+ * to ask afterwards, hence the out-parameter. On success info->code is 0.
+ * @return as kvt_engine_open(). */
+int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **out,
+                         kvt_error_info *info);
 
 /** Close the engine and free everything it holds, sequences and pending
  * loads included (their handles become invalid). Accepts NULL. */
@@ -445,10 +491,15 @@ int kvt_ns_shape(kvt_engine *e, kvt_ns_id ns, kvt_shape *out);
 int kvt_ns_drop(kvt_engine *e, kvt_ns_id ns);
 
 /** Choose the warm codecs of one layer (or KVT_ALL_LAYERS) of ns: a key
- * codec (K8, K8C, K4) and a value codec (V2, V3, V4). Applies to blocks
- * demoted from now on; blocks already warm keep the codecs they were
- * encoded with. Default: K8 and V3.
- * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_EOPTION (wrong kind of codec). */
+ * codec (K8, K8C, K4) and a value codec (V2, V3, V4). Either side (not
+ * both) may be KVT_CODEC_NONE: that side is then kept exact in the warm
+ * tier (its bytes in the namespace dtype), the other quantized; attention
+ * in place, gathers, reads and loads use the exact side as they use a hot
+ * block's, and the warm tier counts the exact side's full size. Applies to
+ * blocks demoted from now on; blocks already warm keep the codecs they
+ * were encoded with. Default: K8 and V3.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_EOPTION (wrong kind of codec,
+ *   or both KVT_CODEC_NONE). */
 int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id ns, uint32_t layer, int k_codec, int v_codec);
 
 /** Parse a codec pair such as "k8v3", "k8cv3", "k4v2" (key codec name then

@@ -24,6 +24,9 @@
  * -ENOTDIR or another -errno. */
 int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd);
 void kvt_io_dir_close(int lock_fd);
+/* The pid of the writer that holds dir's lock, as it wrote it in LOCK when
+ * it took the lock; 0 when unknown (no lock file, or no pid in it). */
+int kvt_io_lock_owner(const char *dir);
 
 /* ---- backends ---- */
 

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -48,10 +49,30 @@ int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd) {
     close(fd);
     return rc;
   }
+  /* Say who holds it, so a refused open can tell "this process" from
+   * another one; only ever read while the lock is held. */
+  char pid[24];
+  int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) { /* only a hint */ }
   *lock_fd = fd;
   return 0;
 }
 
 void kvt_io_dir_close(int lock_fd) {
-  if (lock_fd >= 0) close(lock_fd); /* closing the last descriptor drops the flock */
+  if (lock_fd < 0) return;
+  if (ftruncate(lock_fd, 0) != 0) { /* a stale pid is only read under a live lock */ }
+  close(lock_fd); /* closing the last descriptor drops the flock */
+}
+
+int kvt_io_lock_owner(const char *dir) {
+  char path[PATH_MAX], buf[24];
+  if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path) return 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  long pid = strtol(buf, NULL, 10);
+  return pid > 0 && pid < INT_MAX ? (int)pid : 0;
 }

@@ -78,8 +78,8 @@ static void test_full_json(void **state) {
   assert_non_null(strstr(out, "\"4\":{"));
 }
 
-/* A codec pair keeps every block warm and attends it in place; one side
- * alone is quantized before the put and the blocks stay hot. */
+/* A codec pair keeps every block warm and attends it in place; so does
+ * one side alone, the other side kept exact in the warm tier. */
 static void test_codecs(void **state) {
   (void)state;
   NEED_ALL();
@@ -95,7 +95,13 @@ static void test_codecs(void **state) {
   assert_true(kl > 0 && kl < 0.1);
   snprintf(args, sizeof args, "eval --model %s --sequences 1 --len 80 --codec v3 --json", model);
   assert_int_equal(run(args, out, sizeof out), 0);
-  assert_true(json_num(out, "warm_layer_blocks") == 0);
+  assert_true(json_num(out, "warm_layer_blocks") == 4 * 5);
+  assert_true(json_num(out, "hot_layer_blocks") == 0);
+  double kl_v3 = json_num(out, "kl");
+  assert_true(kl_v3 > 0 && kl_v3 < 0.1);
+  snprintf(args, sizeof args, "eval --model %s --sequences 1 --len 80 --codec k8 --json", model);
+  assert_int_equal(run(args, out, sizeof out), 0);
+  assert_true(json_num(out, "warm_layer_blocks") == 4 * 5);
   assert_true(json_num(out, "kl") > 0);
 }
 

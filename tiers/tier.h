@@ -96,8 +96,13 @@ typedef struct kvt_warm_form {
   uint8_t k_codec, v_codec;
   uint8_t checked;              /* 1: encoded here (kvt_lblk.checked) */
 } kvt_warm_form;
-/* Notional size of the warm form of one layer block of this shape. */
+/* Notional size of the warm form of one layer block of this shape. A
+ * side whose codec is KVT_CODEC_NONE is kept exact (its bytes as given). */
 uint64_t kvt_warm_size(const kvt_shape_lite *s, int k_codec, int v_codec);
+/* Bytes of one side (K or V) in the warm form: encoded, or exact. */
+size_t kvt_warm_side_size(const kvt_shape_lite *s, int codec);
+/* Check a warm payload (lengths, and each encoded side); 0 or KVT_ECORRUPT. */
+int kvt_warm_check(const kvt_shape_lite *s, const kvt_lblk *b, uint64_t seed);
 /* Encode exact K and V (dtype) into a new warm payload; may run unlocked.
  * With k NULL (metadata-only) only sizes are filled. 0, -ENOMEM. */
 int kvt_warm_encode(kvt_mem *m, const kvt_shape_lite *s, const void *k, const void *v,

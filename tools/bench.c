@@ -57,7 +57,7 @@ static int bench_open(const char *dir, uint64_t hot_limit, uint64_t warm_limit, 
   opt.tier_bytes_limit[KVT_TIER_WARM] = warm_limit;
   opt.flags = flags;
   if (max_seqs > opt.max_seqs) opt.max_seqs = max_seqs;
-  int rc = kvt_engine_open(dir, &opt, e);
+  int rc = cli_engine_open(dir, &opt, e);
   if (rc != 0) return rc;
   return kvt_ns_register(*e, &b_desc, ns);
 }

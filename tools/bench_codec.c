@@ -560,7 +560,7 @@ static int open_codec_engine(const char *dir, uint32_t n_layers, uint64_t n_lblk
   } else {
     opt.tier_bytes_limit[KVT_TIER_HOT] = n_lblk * (2 * C_F16_BYTES + 1024) + (16u << 20);
   }
-  int rc = kvt_engine_open(dir, &opt, e);
+  int rc = cli_engine_open(dir, &opt, e);
   kvt_ns_desc d = codec_desc(n_layers);
   if (rc == 0) rc = kvt_ns_register(*e, &d, ns);
   if (rc == 0 && k_codec) rc = kvt_ns_set_codec(*e, *ns, KVT_ALL_LAYERS, k_codec, v_codec);

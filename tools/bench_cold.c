@@ -305,7 +305,7 @@ static int bc_open(const bc_run *r, const char *store, uint32_t compress, kvt_en
   opt.tier_bytes_limit[KVT_TIER_HOT] = BC_HOT_LIMIT;
   opt.tier_bytes_limit[KVT_TIER_COLD] = 2 * r->bytes + (512ull << 20);
   opt.cold_compress = compress;
-  int rc = kvt_engine_open(store, &opt, e);
+  int rc = cli_engine_open(store, &opt, e);
   if (rc != 0) return bc_fail("opening the store", rc);
   rc = kvt_ns_register(*e, &bc_desc, ns);
   if (rc != 0) return bc_fail("registering the namespace", rc);

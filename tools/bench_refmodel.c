@@ -72,7 +72,7 @@ static int brm_main(const brm_cfg *c, const rm_model *m, const char *dir) {
   o.tier_bytes_limit[KVT_TIER_HOT] = 256u << 20;
   kvt_engine *e;
   kvt_ns_id ns;
-  int rc = kvt_engine_open(dir, &o, &e);
+  int rc = cli_engine_open(dir, &o, &e);
   if (rc) return cli_lib_error("bench refmodel", "opening the engine", rc);
   if ((rc = rm_ns_register(e, m, REF_BLOCK_TOKENS, &ns))) {
     kvt_engine_close(e);

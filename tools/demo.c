@@ -124,7 +124,7 @@ static int demo_open(demo_run *r)
   opt.tier_bytes_limit[KVT_TIER_COLD] = DEMO_COLD_BYTES; /* write-through, persists */
   opt.cold_segment_bytes = DEMO_SEGMENT_BYTES;
   opt.max_seqs = DEMO_AGENTS_MAX;
-  int rc = kvt_engine_open(r->cfg.dir, &opt, &r->e);
+  int rc = cli_engine_open(r->cfg.dir, &opt, &r->e);
   if (rc != 0) {
     char what[600];
     snprintf(what, sizeof what, "opening the store in '%s'", r->cfg.dir);

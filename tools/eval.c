@@ -68,7 +68,7 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "fraction of the context's blocks each layer keeps, (0, 1] (default 1)"},
       {"--policy", "P", CLI_STR, &c->policy, 0, 0, "full, recent, sink-recent or h2o (default full)"},
       {"--codec", "C", CLI_STR, &c->codec, 0, 0,
-       "quantize every block: k8v3 (both, warm, in place), k8 (keys), v3 (values), ..."},
+       "quantize every block (warm, in place): k8v3 (both), k8 (keys), v3 (values), ..."},
       {"--input", "FILE", CLI_STR, &c->input, 0, 0,
        "evaluate these token ids (one sequence a line) instead of sampling"},
       {"--dump-trace", "FILE", CLI_STR, &c->trace, 0, 0,
@@ -169,10 +169,10 @@ static int eval_open(eval_run *r, const char *dir) {
     o.tier_bytes_limit[KVT_TIER_HOT] = 1;
     o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
   }
-  int rc = kvt_engine_open(dir, &o, &r->e);
+  int rc = cli_engine_open(dir, &o, &r->e);
   if (!rc) rc = rm_ns_register(r->e, &r->m, REF_BLOCK_TOKENS, &r->ns);
   if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
-  return rc ? cli_lib_error("eval", "opening the engine", rc) : CLI_OK;
+  return rc ? cli_engine_error("eval", "opening the engine", r->e, rc) : CLI_OK;
 }
 
 /* ---- observation: concentration and the trace ---------------------------------- */

@@ -41,6 +41,7 @@ int ref_codec_parse(const char *name, ref_codec *c) {
     if (strcmp(kvt_codec_name(id), name) != 0) continue;
     if (name[0] == 'k') c->k = id;
     else c->v = id;
+    c->warm = 1;
     return 0;
   }
   return -1;

@@ -19,13 +19,13 @@ int ref_load_model(const char *cmd, const char *path, rm_model *m);
 int ref_load_tokenizer(const char *cmd, const char *path, const char *model_path,
                        const rm_model *m, rm_tokenizer *t);
 
-/* A --codec choice: "k8v3" (a pair: every block kept warm and attended in
- * place), a key codec alone ("k8", "k8c", "k4") or a value codec alone
- * ("v2", "v3", "v4"): that side is quantized and dequantized before the
- * put, the other stays exact. */
+/* A --codec choice: "k8v3" (a pair), a key codec alone ("k8", "k8c",
+ * "k4") or a value codec alone ("v2", "v3", "v4"): every block is kept
+ * warm and attended in place, the side without a codec kept exact there
+ * (kvt_ns_set_codec with KVT_CODEC_NONE). */
 typedef struct ref_codec {
-  int k, v;   /* kvt_codec_id or 0 */
-  int warm;   /* 1: a pair, through the warm tier */
+  int k, v;   /* kvt_codec_id or 0 (KVT_CODEC_NONE: exact) */
+  int warm;   /* 1: through the warm tier (every parsed choice) */
 } ref_codec;
 
 /* 0, or -1 when name is none of the above. */

@@ -166,7 +166,7 @@ static int stat_collect(stat_run *r)
   kvt_options opt;
   kvt_options_init(&opt);
   opt.flags = KVT_OPEN_RDONLY | KVT_OPEN_NOCREATE;
-  int rc = kvt_engine_open(r->cfg.dir, &opt, &r->e);
+  int rc = cli_engine_open(r->cfg.dir, &opt, &r->e);
   if (rc != 0) {
     char what[PATH_MAX + 64];
     snprintf(what, sizeof what, "opening '%s' read-only", r->cfg.dir);
@@ -438,12 +438,13 @@ static int fsck_cannot(const fsck_run *r, const char *what, int rc)
 {
   progress_end();
   if (rc == KVT_ELOCKED)
-    fprintf(stderr, "kvtier fsck: %s: another process has the store open for writing; "
+    fprintf(stderr, "kvtier fsck: %s: another writer has the store open for writing; "
             "--repair needs it closed (without --repair fsck runs read-only beside it)\n", what);
   else if (rc == KVT_ENOTFOUND)
     fprintf(stderr, "kvtier fsck: %s has no cold tier: nothing to check\n", r->dir);
   else
     fprintf(stderr, "kvtier fsck: %s: %s\n", what, kvt_strerror(rc));
+  cli_open_detail("fsck", rc);
   return CLI_USAGE;
 }
 
@@ -456,7 +457,7 @@ static int fsck_open(const fsck_run *r, kvt_engine **e)
    * property of the store and fsck writes nothing but index removals, so
    * any limit above what the store holds will do. */
   if (r->repair) opt.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 50;
-  int rc = kvt_engine_open(r->dir, &opt, e);
+  int rc = cli_engine_open(r->dir, &opt, e);
   if (rc != 0) {
     char what[PATH_MAX + 64];
     snprintf(what, sizeof what, "opening '%s' %s", r->dir,

@@ -105,10 +105,39 @@ void cli_print_opts(FILE *f, const cli_opt *opts, size_t n_opts)
   fprintf(f, "  %-18s %s\n", "--help", "show this help");
 }
 
+/* The detail of the last failed cli_engine_open(), printed once. */
+static kvt_error_info open_info;
+
+static void print_detail(const char *cmd, const kvt_error_info *info, int rc)
+{
+  if (info->code == rc && rc != 0 && info->message[0])
+    fprintf(stderr, "kvtier %s: detail: %s\n", cmd, info->message);
+}
+
 int cli_lib_error(const char *cmd, const char *what, int rc)
 {
   progress_end();
   fprintf(stderr, "kvtier %s: %s: %s\n", cmd, what, kvt_strerror(rc));
+  cli_open_detail(cmd, rc);
+  return CLI_FAIL;
+}
+
+void cli_open_detail(const char *cmd, int rc)
+{
+  print_detail(cmd, &open_info, rc);
+  open_info.code = 0;
+}
+
+int cli_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out)
+{
+  return kvt_engine_open_info(dir, opt, out, &open_info);
+}
+
+int cli_engine_error(const char *cmd, const char *what, kvt_engine *e, int rc)
+{
+  kvt_error_info info;
+  cli_lib_error(cmd, what, rc);
+  if (e && kvt_last_error(e, &info) == 0) print_detail(cmd, &info, rc);
   return CLI_FAIL;
 }
 

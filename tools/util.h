@@ -46,6 +46,18 @@ void cli_print_opts(FILE *f, const cli_opt *opts, size_t n_opts);
  * Returns CLI_FAIL so callers can `return cli_lib_error(...)`. */
 int cli_lib_error(const char *cmd, const char *what, int rc);
 
+/* kvt_engine_open() that keeps the detail of a failure, so that the next
+ * cli_lib_error() with the same code prints it on a second line. */
+int cli_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
+
+/* Print (once) the detail of the last failed cli_engine_open() when it
+ * failed with rc. */
+void cli_open_detail(const char *cmd, int rc);
+
+/* cli_lib_error() for a call on e, with the detail kvt_last_error() has
+ * for it when there is one. */
+int cli_engine_error(const char *cmd, const char *what, kvt_engine *e, int rc);
+
 /* A progress line on stderr, rewritten in place, only when stderr is a
  * terminal; progress_end() clears it. */
 void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

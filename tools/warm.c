@@ -183,7 +183,7 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
   o.tier_bytes_limit[KVT_TIER_COLD] = WARM_COLD_BYTES;
   kvt_engine *e;
   kvt_ns_id ns;
-  int rc = kvt_engine_open(c->dir, &o, &e);
+  int rc = cli_engine_open(c->dir, &o, &e);
   if (rc) {
     char what[600];
     snprintf(what, sizeof what, "opening the store in '%s'", c->dir);
