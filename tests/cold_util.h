@@ -64,6 +64,7 @@ static inline int cu_uring_ok(const char **why) {
     const char *why_;                                                         \
     if ((backend) == KVT_BACKEND_URING && !cu_uring_ok(&why_)) {              \
       fprintf(stderr, "SKIP %s [uring]: %s\n", __func__, why_);               \
+      tu_skip_mark();                                                         \
       skip();                                                                 \
     }                                                                         \
   } while (0)

@@ -1468,6 +1468,7 @@ static void segments_direct(uint32_t backend) {
   if (!direct_ok(dir)) {
     fprintf(stderr, "SKIP %s: no O_DIRECT on %s\n", __func__, dir);
     tu_rmtree(dir);
+    tu_skip_mark();
     skip();
   }
   uint64_t seed = tu_rand();
@@ -1656,5 +1657,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(span_loads_uring),
       cmocka_unit_test(span_loads_pread),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

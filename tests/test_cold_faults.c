@@ -638,5 +638,5 @@ int main(void) {
       cmocka_unit_test(slice_reads_uring),    cmocka_unit_test(slice_reads_pread),
       cmocka_unit_test(overlap_uring),        cmocka_unit_test(overlap_pread),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -448,5 +448,5 @@ int main(void) {
       cmocka_unit_test(crash_pread),
       cmocka_unit_test(crash_reclaim),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -34,13 +34,19 @@ typedef struct kvt_lblk {
   uint32_t refs;                /* sequences referencing it */
   uint32_t pins;                /* copies in progress outside the lock */
   uint32_t k_len;               /* warm: encoded K bytes; V follows */
+  /* Fixed while the block is pinned: read by pinning threads without the
+   * lock. These bytes share no aligned word with the ones below: the
+   * compiler may turn `tier != WARM || checked` into one masked load of a
+   * word (gcc does), which would otherwise also read bytes other threads
+   * write under the lock - harmless on the CPU, a race for ThreadSanitizer. */
   uint8_t tier;                 /* kvt_tier */
-  uint8_t on_lru;
-  uint8_t busy;                 /* being demoted by some thread */
-  uint8_t held;                 /* holds a pin until written to the cold tier */
   uint8_t k_codec, v_codec;     /* warm codecs (tiers/codec.h) */
   uint8_t checked;              /* warm: payload known well formed (this engine
                                    encoded it): readers skip kvt_codec_check */
+  /* Changed under the engine lock at any time. */
+  uint8_t on_lru;
+  uint8_t busy;                 /* being demoted by some thread */
+  uint8_t held;                 /* holds a pin until written to the cold tier */
 } kvt_lblk;
 
 typedef struct kvt_tier_state {
