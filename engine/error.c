@@ -22,6 +22,9 @@ static const char *const kvt_msgs[] = {
   "a fixed limit set at open was reached",                              /* ELIMIT */
   "stored data failed a check",                                         /* ECORRUPT */
   "stored data has a format version this build cannot read",            /* EVERSION */
+  "(unused)",                                                           /* -30918 */
+  "the cold tier's index is damaged or missing; rebuild it from the segment files "
+  "(kvtier fsck --rebuild-index DIR)",                                  /* EINDEX */
 };
 
 _Static_assert(sizeof(kvt_msgs) / sizeof(kvt_msgs[0]) == KVT_E_FIRST - KVT_E_LAST + 1,
