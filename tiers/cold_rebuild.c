@@ -302,7 +302,11 @@ static int scan_record(rebuild *r, int fd, segfile *sf, uint64_t off, const uint
     avail = hl;
   }
   int ok = kvt_cold_header_parse(hdr, avail, &e) == 0;
-  kvt_io_buf_free(tmp);
+  if (tmp) { /* the header alone was read: the record is read whole below */
+    kvt_io_buf_free(tmp);
+    hdr = NULL;
+    avail = 0;
+  }
   if (!ok) {
     say(r, "segment %u offset %llu: damaged record header", sf->id, (unsigned long long)off);
     return -1;
@@ -388,10 +392,11 @@ static int cmp_found(const void *a, const void *b) {
   return (x->offset < y->offset) - (x->offset > y->offset);
 }
 
+/* The segment file of id (r->segs is sorted by id; every record found
+ * came from one of them). */
 static segfile *seg_of(rebuild *r, uint32_t id) {
-  for (size_t i = 0; i < r->n_segs; i++)
-    if (r->segs[i].id == id) return &r->segs[i];
-  return NULL;
+  segfile want = {.id = id};
+  return bsearch(&want, r->segs, r->n_segs, sizeof *r->segs, cmp_seg);
 }
 
 /* Which records go into the index: those of the current life of their
@@ -525,8 +530,9 @@ static int segment_size(rebuild *r, uint64_t asked, uint64_t *out) {
   uint64_t largest = 0;
   for (size_t i = 0; i < r->n_segs; i++)
     if (r->segs[i].size > largest) largest = r->segs[i].size;
-  uint64_t s = asked ? asked : r->old_segment_bytes;
-  if (!s) {
+  uint64_t s = asked, old = r->old_segment_bytes;
+  if (!s && old >= (1u << 20) && old % KVT_IO_ALIGN == 0 && old >= largest) s = old;
+  if (!s) { /* the old index does not say (or says nonsense): infer it */
     s = (largest + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
     if (s < (1u << 20)) s = 1u << 20;
   }
