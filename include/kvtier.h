@@ -554,9 +554,11 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id ns, kvt_load_req *reqs, size_t n, k
 /** Complete a batch: copy (dequantizing warm blocks), unpin, fill
  * reqs[i].status (0, KVT_ENOTFOUND, KVT_EBUFSIZE, KVT_ENULL, KVT_ECORRUPT,
  * -errno) and .tier, free the batch. KVT_ECORRUPT: the layer's cold copy
- * (or the block's index entry) failed a check; the request's buffers hold
- * nothing valid, and the block left the cold tier, so later lookups
- * and loads miss it (KVT_ENOTFOUND) instead.
+ * or the block's index entry failed a check, and the request's buffers
+ * hold nothing valid. A record that failed its check has left the cold
+ * tier, so later lookups and loads miss it (KVT_ENOTFOUND); an index
+ * entry that does not parse stays until kvt_fsck() repairs it or a
+ * kvt_seq_read() of it removes it.
  * @param n_ok may be NULL; receives how many requests succeeded.
  * @return 0 when every request succeeded, else the first failing status
  *   in request order. */
