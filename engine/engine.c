@@ -109,6 +109,8 @@ static int want_cold(const kvt_engine *e, const char *dir) {
   if (!kvt_rdonly(e)) return e->opt.tier_bytes_limit[KVT_TIER_COLD] > 0;
   char path[4200];
   if (snprintf(path, sizeof path, "%s/index", dir) >= (int)sizeof path) return 0;
+  if (kvt_io_exists(path)) return 1;
+  snprintf(path, sizeof path, "%s/segments", dir); /* its index lost: say so (KVT_EINDEX) */
   return kvt_io_exists(path);
 }
 

@@ -24,6 +24,8 @@ static const char *const kvt_msgs[] = {
   "stored data has a format version this build cannot read",            /* EVERSION */
   "referenced blocks are not in RAM (load and put them first)",         /* ENOTRESIDENT */
   "referenced blocks reached RAM only quantized: they cannot be durable", /* ENOTDURABLE */
+  "the cold tier's index is damaged or missing; rebuild it from the segment files "
+  "(kvtier fsck --rebuild-index DIR)",                                  /* EINDEX */
 };
 
 _Static_assert(sizeof(kvt_msgs) / sizeof(kvt_msgs[0]) == KVT_E_FIRST - KVT_E_LAST + 1,

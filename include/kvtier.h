@@ -75,7 +75,9 @@ extern "C" {
                                        in the cold tier): load and put them first */
 #define KVT_ENOTDURABLE (-30919) /**< blocks sequences reference cannot become durable:
                                       they reached RAM only in quantized form */
-#define KVT_E_LAST      (-30919)
+#define KVT_EINDEX      (-30920) /**< the cold tier's index is damaged or missing: rebuild it
+                                      from the segments (kvt_store_rebuild_index) */
+#define KVT_E_LAST      (-30920)
 /** @} */
 
 /** Explain a return code: a KVT_E* code, -errno, or 0. Never NULL; the
@@ -448,15 +450,56 @@ typedef struct kvt_fsck_result {
   uint64_t removed;      /**< of which removed (repair) */
 } kvt_fsck_result;
 
-/** Verify every entry of the cold tier's index against its record on disk:
- * record header, key, segment generation and every slice's checksum. With
- * repair (a writer only) the broken entries are removed, so they become
- * misses. report (may be NULL) is called for each problem with the block's
- * key and what failed. Works on a read-only engine beside a live writer.
+/** Verify every entry of the cold tier's index against its namespace
+ * (known; same n_layers, dtype and bytes_each) and its record on disk:
+ * every field of the record header (length, generation, key, shape,
+ * position, parent, namespace, layer table) and every slice's range and
+ * checksum. With repair (a writer only) the broken entries are removed,
+ * so they become misses. report (may be NULL) is called for each problem
+ * with the block's key and what failed, naming the segment, offset and
+ * layer (the string lives until report returns). Works on a read-only
+ * engine beside a live writer.
  * @return 0 (look at res->bad); KVT_ENULL; KVT_ENOTFOUND (no cold tier);
  *   KVT_ERDONLY (repair on a read-only engine); -errno. */
 int kvt_fsck(kvt_engine *e, int repair, kvt_fsck_result *res,
              void (*report)(void *arg, const kvt_key *key, const char *what), void *arg);
+
+/** What kvt_store_rebuild_index() did. */
+typedef struct kvt_rebuild_result {
+  uint64_t segments;     /**< segment files scanned */
+  uint64_t records;      /**< intact records found (every checksum right) */
+  uint64_t damaged;      /**< record headers found whose record failed a check */
+  uint64_t superseded;   /**< intact records not indexed: an older life of their
+                              segment, or a key a newer record also holds */
+  uint64_t blocks;       /**< token blocks in the new index */
+  uint64_t namespaces;   /**< namespaces in the new index */
+  uint64_t orphans;      /**< of the blocks, those of a namespace not recovered (found
+                              again once that namespace is registered) */
+  uint64_t segment_bytes;/**< the store's segment size, as the new index records it */
+  char old_index[64];    /**< where the old index was kept, under dir ("" if none) */
+} kvt_rebuild_result;
+
+/** Rebuild the cold tier's index of the store in dir from its segment
+ * files, when the index is damaged or lost (KVT_EINDEX). Every record is
+ * read and checked (header and every layer's checksum); each intact one
+ * of the current life of its segment goes back into a fresh index, the
+ * newest segment generation winning when two hold the same key.
+ * Namespaces come from the copies in dir/namespaces/ and from the old
+ * index where it still reads. The old index is kept aside as
+ * dir/index.old-N. Blocks dropped or evicted whose records are still
+ * intact may come back: they hold exactly the bytes written for their
+ * key. Needs the store closed (it takes the writer lock).
+ * @param segment_bytes 0: as the old index says, else inferred from the
+ *   files (the largest, rounded up to a MiB); or the size the store was
+ *   created with (kvt_options.cold_segment_bytes).
+ * @param res receives the counts. report (may be NULL) is called with a
+ *   line on each damaged record and anything else worth knowing.
+ * @return 0; KVT_ENULL; KVT_ELOCKED (a writer has the store open);
+ *   -ENOENT (no store there); KVT_EOPTION (segment_bytes not a multiple
+ *   of 4 KiB, under 1 MiB or under a segment file's size); -ENOMEM;
+ *   -errno. On failure the old index is where it was. */
+int kvt_store_rebuild_index(const char *dir, uint64_t segment_bytes, kvt_rebuild_result *res,
+                            void (*report)(void *arg, const char *what), void *arg);
 
 /** @} */
 
@@ -589,9 +632,11 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id ns, kvt_load_req *reqs, size_t n, k
 /** Complete a batch: copy (dequantizing warm blocks), unpin, fill
  * reqs[i].status (0, KVT_ENOTFOUND, KVT_EBUFSIZE, KVT_ENULL, KVT_ECORRUPT,
  * -errno) and .tier, free the batch. KVT_ECORRUPT: the layer's cold copy
- * (or the block's index entry) failed a check; the request's buffers hold
- * nothing valid, and the block left the cold tier, so later lookups
- * and loads miss it (KVT_ENOTFOUND) instead.
+ * or the block's index entry failed a check, and the request's buffers
+ * hold nothing valid. A record that failed its check has left the cold
+ * tier, so later lookups and loads miss it (KVT_ENOTFOUND); an index
+ * entry that does not parse stays until kvt_fsck() repairs it or a
+ * kvt_seq_read() of it removes it.
  * @param n_ok may be NULL; receives how many requests succeeded.
  * @return 0 when every request succeeded, else the first failing status
  *   in request order. */

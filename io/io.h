@@ -147,4 +147,20 @@ int kvt_io_exists(const char *path);              /* 1, 0 */
 /* The memlock limit, for deciding on registered buffers. */
 uint64_t kvt_io_memlock_limit(void);
 
+/* ---- whole files and listings (io/files.c; not faulted) ---- */
+
+/* Call fn(arg, name) for each entry of dir whose name starts with prefix,
+ * in no order; stops at fn's first non-zero and returns it. A missing dir
+ * lists nothing. 0 or -errno. */
+int kvt_io_list(const char *dir, const char *prefix, int (*fn)(void *arg, const char *name),
+                void *arg);
+/* Replace dir/name with buf atomically and durably: a temporary file,
+ * fsync, rename, fsync of dir. 0 or -errno. */
+int kvt_io_write_file(const char *dir, const char *name, const void *buf, size_t len);
+/* Read a whole file of at most cap bytes; *len gets its size. 0, -EFBIG
+ * (longer than cap) or -errno. */
+int kvt_io_read_file(const char *path, void *buf, size_t cap, size_t *len);
+int kvt_io_rename(const char *from, const char *to); /* 0 or -errno */
+int kvt_io_rmdir(const char *path);                  /* an empty dir; 0 also when missing */
+
 #endif

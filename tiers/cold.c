@@ -16,6 +16,7 @@
 
 #include "tiers/cold.h"
 #include "tiers/cold_record.h"
+#include "tiers/cold_scan.h"
 #include "tiers/evict.h"
 #include "tiers/hash.h"
 
@@ -426,8 +427,11 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
     rc = kvt_io_create(&cfg->io, &c->aio[i]);
     if (!rc && !(c->dctx_async[i] = ZSTD_createDCtx())) rc = -ENOMEM;
   }
+  if (!rc) rc = kvt_cold_index_check(c->dir);
   if (!rc) rc = open_env(c);
   if (!rc) rc = open_dbs(c);
+  if (rc == KVT_ECORRUPT) rc = KVT_EINDEX; /* everything open reads so far is the index */
+  if (!rc && !cfg->rdonly) rc = kvt_cold_ns_files_backfill(c);
   if (!rc) rc = reader_start(c);
   if (!rc && !cfg->rdonly) rc = committer_start(c);
   if (!rc) rc = evict_start(c);
@@ -482,7 +486,9 @@ void kvt_cold_close(kvt_cold *c) {
 int kvt_cold_ns_put(kvt_cold *c, const kvt_key *seed, const uint8_t *enc, size_t len) {
   if (c->cfg.rdonly) return KVT_ERDONLY;
   MDB_txn *t;
-  int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  int rc = kvt_cold_ns_file_put(c->dir, seed, enc, len); /* a copy the index can be rebuilt with */
+  if (rc) return rc;
+  rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
   MDB_val k = {16, (void *)seed->b}, v = {len, (void *)enc};
   rc = mdb_err(mdb_put(t, c->db_ns, &k, &v, 0));
@@ -1514,17 +1520,17 @@ int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k
 static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k_out,
                            void *v_out, size_t bytes_each, int final) {
   MDB_txn *t;
-  kvt_cold_entry e;
-  kvt_cold_slice s;
+  kvt_cold_entry e = {0};
+  kvt_cold_slice s = {0};
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
   if (rc) return rc;
   rc = find_locked(c, t, key, &e, &s, layer);
   mdb_txn_abort(t);
-  if (rc) return rc;
-  if (bytes_each != e.bytes_each) return KVT_EBUFSIZE;
+  if (rc && rc != KVT_ECORRUPT) return rc; /* an entry that does not parse: bad, below */
+  if (!rc && bytes_each != e.bytes_each) return KVT_EBUFSIZE;
   uint32_t len = (uint32_t)align4k(s.stored_len);
   uint8_t *buf = NULL;
-  if (s.rel_off + (uint64_t)len > e.rec_len) rc = KVT_ECORRUPT;
+  if (rc || s.rel_off + (uint64_t)len > e.rec_len) rc = KVT_ECORRUPT;
   else rc = read_range(c, e.seg, e.offset + s.rel_off, len, &buf);
   if (!rc && !slice_ok(buf, &e, layer, &s)) rc = KVT_ECORRUPT;
   if (!rc) rc = decode_sync(c, buf, &s, (uint32_t)kvt_dtype_size(e.dtype), k_out, v_out,
@@ -1638,35 +1644,92 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
   pthread_mutex_unlock(&c->st_lock);
 }
 
-/* Check one index entry against its record on disk. */
-static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v, const char **what) {
+/* The namespaces fsck checks entries against: seed and shape. */
+typedef struct verify_ns {
+  kvt_key seed;
+  kvt_shape sh;
+  int ok;                      /* the encoding parsed */
+} verify_ns;
+
+/* Which field of a record header differs from its index entry, or NULL. */
+static const char *header_mismatch(const uint8_t *h, const kvt_cold_entry *e, const MDB_val *v) {
+  uint32_t hl = header_len(e->n_layers);
+  size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * e->n_layers;
+  if (memcmp(h, REC_MAGIC, 8) || get32(h + 8) != hl || get64(h + tab) != XXH3_64bits(h, tab))
+    return "no intact record header there";
+  if (memcmp(h + 24, e->key.b, 16)) return "the record there is another block's";
+  if (get64(h + 16) != e->seg_gen) return "segment generation differs from the record's";
+  if (get32(h + 12) != e->rec_len) return "record length differs from the record's";
+  if (get32(h + 76) != e->n_layers) return "n_layers differs from the record's";
+  if (get32(h + 80) != e->dtype) return "dtype differs from the record's";
+  if (get32(h + 84) != e->bytes_each) return "bytes_each differs from the record's";
+  if (get32(h + 72) != e->pos) return "chain position differs from the record's";
+  if (memcmp(h + 40, e->parent.b, 16)) return "parent key differs from the record's";
+  if (memcmp(h + 56, e->ns_seed.b, 16)) return "namespace differs from the record's";
+  if (memcmp(h + REC_FIXED, (const uint8_t *)v->mv_data + ENTRY_FIXED, tab - REC_FIXED))
+    return "layer table differs from the record's";
+  return NULL;
+}
+
+/* Which field of an entry its namespace contradicts, or NULL. */
+static const char *ns_mismatch(const kvt_cold_entry *e, const verify_ns *ns, size_t n_ns) {
+  const verify_ns *hit = NULL;
+  for (size_t i = 0; i < n_ns && !hit; i++)
+    if (!memcmp(ns[i].seed.b, e->ns_seed.b, 16)) hit = &ns[i];
+  if (!hit) return "its namespace is not in the index";
+  if (!hit->ok) return "its namespace's encoding does not parse";
+  if (e->n_layers != hit->sh.n_layers) return "n_layers differs from its namespace's";
+  if (e->dtype != hit->sh.dtype) return "dtype differs from its namespace's";
+  if (e->bytes_each != kvt_shape_block_bytes(&hit->sh)) return "bytes_each differs from its namespace's";
+  return NULL;
+}
+
+/* Check one index entry against its namespace and its record on disk;
+ * what went wrong goes to msg, naming the segment, offset and layer. */
+static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v,
+                        const verify_ns *ns, size_t n_ns, char *msg, size_t cap) {
   uint32_t hl = header_len(e->n_layers);
   uint8_t *h = NULL;
-  *what = "record header unreadable";
-  if (e->rec_len < hl || e->offset % KVT_IO_ALIGN) return KVT_ECORRUPT;
+  unsigned long long off = (unsigned long long)e->offset;
+  const char *why = ns_mismatch(e, ns, n_ns);
+  if (!why && e->rec_len < hl) why = "record length shorter than its header";
+  if (why) {
+    snprintf(msg, cap, "segment %u offset %llu: index entry: %s", e->seg, off, why);
+    return KVT_ECORRUPT;
+  }
   int rc = read_range(c, e->seg, e->offset, hl, &h);
-  if (rc) return rc;
-  size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * e->n_layers;
-  *what = "record header does not match the index";
-  if (memcmp(h, REC_MAGIC, 8) || get32(h + 8) != hl || get32(h + 12) != e->rec_len ||
-      get64(h + 16) != e->seg_gen || memcmp(h + 24, e->key.b, 16) || get32(h + 76) != e->n_layers ||
-      get64(h + tab) != XXH3_64bits(h, tab) ||
-      memcmp(h + REC_FIXED, (const uint8_t *)v->mv_data + ENTRY_FIXED, tab - REC_FIXED))
-    rc = KVT_ECORRUPT;
+  if (rc) {
+    snprintf(msg, cap, "segment %u offset %llu: record header unreadable (%s)", e->seg, off,
+             rc == KVT_ECORRUPT ? "past the end of the segment" : kvt_strerror(rc));
+    return rc;
+  }
+  why = header_mismatch(h, e, v);
   kvt_io_buf_free(h);
-  for (uint32_t l = 0; !rc && l < e->n_layers; l++) {
+  h = NULL;
+  if (why) {
+    snprintf(msg, cap, "segment %u offset %llu: index entry: %s", e->seg, off, why);
+    return KVT_ECORRUPT;
+  }
+  for (uint32_t l = 0; l < e->n_layers; l++) {
     kvt_cold_slice s;
     get_slice(entry_slice(v, l), &s);
     uint32_t len = (uint32_t)align4k(s.stored_len);
-    *what = "slice unreadable";
-    if (s.rel_off + (uint64_t)len > e->rec_len) return KVT_ECORRUPT;
-    rc = read_range(c, e->seg, e->offset + s.rel_off, len, &h);
-    if (rc) return rc;
-    *what = "slice checksum or header mismatch";
-    if (!slice_ok(h, e, l, &s)) rc = KVT_ECORRUPT;
+    why = NULL;
+    if (s.raw_len != 2 * (uint64_t)e->bytes_each || s.codec > KVT_COLD_CODEC_PLANES ||
+        s.rel_off < hl || s.rel_off % KVT_IO_ALIGN || s.rel_off + (uint64_t)len > e->rec_len)
+      why = "slice entry out of range";
+    else if ((rc = read_range(c, e->seg, e->offset + s.rel_off, len, &h)))
+      why = rc == KVT_ECORRUPT ? "slice past the end of the segment" : kvt_strerror(rc);
+    else if (!slice_ok(h, e, l, &s))
+      why = "slice checksum mismatch";
     kvt_io_buf_free(h);
+    h = NULL;
+    if (why) {
+      snprintf(msg, cap, "segment %u offset %llu layer %u: %s", e->seg, off, l, why);
+      return rc && rc != KVT_ECORRUPT ? rc : KVT_ECORRUPT;
+    }
   }
-  return rc;
+  return 0;
 }
 
 /* Remove keys from the index in one transaction, durably (a removal must
@@ -1676,7 +1739,8 @@ static int remove_keys(kvt_cold *c, const kvt_key *keys, size_t n, const kvt_key
                        uint64_t *removed) {
   MDB_txn *t = NULL;
   uint64_t count = 0;
-  int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+  int rc = ns_seed ? kvt_cold_ns_file_del(c->dir, ns_seed) : 0; /* put back at open if this fails */
+  if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   for (size_t i = 0; !rc && i < n; i++) {
     int r = remove_in(c, t, &keys[i]);
     if (!r) count++;
@@ -1700,17 +1764,30 @@ typedef struct verify_ctx {
   uint64_t checked, bad;
   kvt_key *broken;
   size_t n_broken, cap;
+  verify_ns *ns;
+  size_t n_ns, ns_cap;
+  char msg[256];
 } verify_ctx;
+
+static int verify_ns_one(void *arg, const kvt_key *seed, const uint8_t *enc, size_t len) {
+  verify_ctx *x = arg;
+  if (grow(&x->ns, &x->ns_cap, x->n_ns, sizeof *x->ns)) return -ENOMEM;
+  verify_ns *n = &x->ns[x->n_ns++];
+  n->seed = *seed;
+  n->ok = kvt_cold_ns_shape(enc, len, &n->sh) == 0;
+  return 0;
+}
 
 static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
   verify_ctx *x = arg;
-  const char *what = "index entry malformed";
   x->checked++;
-  int r = e ? verify_entry(x->c, e, v, &what) : KVT_ECORRUPT;
+  snprintf(x->msg, sizeof x->msg, "index entry malformed (version, length, or an offset off "
+                                  "the 4 KiB grid)");
+  int r = e ? verify_entry(x->c, e, v, x->ns, x->n_ns, x->msg, sizeof x->msg) : KVT_ECORRUPT;
   if (r == -ENOMEM) return r;
   if (!r) return 0;
   x->bad++;
-  if (x->report) x->report(x->arg, key, what);
+  if (x->report) x->report(x->arg, key, x->msg);
   if (grow(&x->broken, &x->cap, x->n_broken, sizeof *x->broken)) return -ENOMEM;
   x->broken[x->n_broken++] = *key;
   return 0;
@@ -1721,11 +1798,13 @@ int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
   *checked = *bad = 0;
   if (repair && c->cfg.rdonly) return KVT_ERDONLY;
   verify_ctx x = {.c = c, .report = report, .arg = arg};
-  int rc = each_entry(c, verify_one, &x);
+  int rc = kvt_cold_ns_each(c, verify_ns_one, &x);
+  if (!rc) rc = each_entry(c, verify_one, &x);
   *checked = x.checked;
   *bad = x.bad;
   if (!rc && repair && x.n_broken) rc = remove_keys(c, x.broken, x.n_broken, NULL, NULL);
   free(x.broken);
+  free(x.ns);
   return rc;
 }
 
@@ -2607,3 +2686,54 @@ int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
   pthread_mutex_unlock(&c->st_lock);
   return (int64_t)removed;
 }
+
+/* ---------- the record format, for rebuilding the index (cold_rebuild.c) ---------- */
+
+uint32_t kvt_cold_header_len(uint32_t n_layers) { return header_len(n_layers); }
+
+int kvt_cold_header_parse(const uint8_t *h, size_t avail, kvt_cold_entry *e) {
+  if (avail < REC_FIXED || memcmp(h, REC_MAGIC, 8)) return KVT_ECORRUPT;
+  uint32_t n_layers = get32(h + 76);
+  if (n_layers == 0 || n_layers > KVT_MAX_LAYERS) return KVT_ECORRUPT;
+  uint32_t hl = header_len(n_layers);
+  size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * n_layers;
+  if (get32(h + 8) != hl || avail < hl || get64(h + tab) != XXH3_64bits(h, tab))
+    return KVT_ECORRUPT;
+  e->rec_len = get32(h + 12);
+  if (e->rec_len < hl || e->rec_len % KVT_IO_ALIGN) return KVT_ECORRUPT;
+  e->seg_gen = get64(h + 16);
+  memcpy(e->key.b, h + 24, 16);
+  memcpy(e->parent.b, h + 40, 16);
+  memcpy(e->ns_seed.b, h + 56, 16);
+  e->pos = get32(h + 72);
+  e->n_layers = n_layers;
+  e->dtype = get32(h + 80);
+  e->bytes_each = get32(h + 84);
+  return 0;
+}
+
+int kvt_cold_record_slice_ok(const uint8_t *rec, const kvt_cold_entry *e, uint32_t layer) {
+  kvt_cold_slice s;
+  get_slice(rec + REC_FIXED + (size_t)SLICE_ENTRY * layer, &s);
+  uint64_t len = align4k(s.stored_len);
+  if (s.rel_off < header_len(e->n_layers) || s.rel_off % KVT_IO_ALIGN ||
+      s.rel_off + len > e->rec_len || s.raw_len != 2 * (uint64_t)e->bytes_each ||
+      s.codec > KVT_COLD_CODEC_PLANES)
+    return 0;
+  return slice_ok(rec + s.rel_off, e, layer, &s);
+}
+
+const char *kvt_cold_dir(const kvt_cold *c) { return c->dir; }
+
+size_t kvt_cold_entry_encode(uint8_t *out, const kvt_cold_entry *e, const uint8_t *table) {
+  put_entry(out, e);
+  memcpy(out + ENTRY_FIXED, table, (size_t)SLICE_ENTRY * e->n_layers);
+  return entry_len(e->n_layers);
+}
+
+void kvt_cold_seg_encode(uint8_t row[32], uint64_t gen, uint64_t used, uint64_t live, int full) {
+  seg s = {.gen = gen, .used = used, .live = live, .state = full ? SEG_FULL : SEG_FREE};
+  seg_row(&s, row);
+}
+
+uint64_t kvt_cold_format_version(void) { return FORMAT_VERSION; }

@@ -34,7 +34,8 @@ static const command commands[] = {
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,
-     "check every cold-tier record against the index; --repair removes broken ones"},
+     "check every cold-tier record against the index; --repair removes broken ones;\n"
+     "           --rebuild-index makes a lost or damaged index again from the segments"},
 };
 #define N_COMMANDS (sizeof commands / sizeof commands[0])
 

@@ -167,6 +167,12 @@ static int stat_collect(stat_run *r)
   kvt_options_init(&opt);
   opt.flags = KVT_OPEN_RDONLY | KVT_OPEN_NOCREATE;
   int rc = cli_engine_open(r->cfg.dir, &opt, &r->e);
+  if (rc == KVT_EINDEX) {
+    fprintf(stderr, "kvtier stat: %s: the cold tier's index (%s/index) is damaged or missing; "
+            "rebuild it from the segment files with: kvtier fsck --rebuild-index %s\n",
+            r->cfg.dir, r->cfg.dir, r->cfg.dir);
+    return CLI_FAIL;
+  }
   if (rc != 0) {
     char what[PATH_MAX + 64];
     snprintf(what, sizeof what, "opening '%s' read-only", r->cfg.dir);
@@ -344,19 +350,20 @@ int cmd_stat(int argc, char **argv)
 
 typedef struct fsck_problem {
   char key[33];
-  char what[96];
+  char what[192];
 } fsck_problem;
 
 typedef struct fsck_run {
   const char *dir;
-  int repair, json;
+  int repair, json, rebuild;
+  uint64_t segment_bytes;
   fsck_problem *list;
   uint32_t n_list;
   uint64_t reported;
   int alloc_failed;
 } fsck_run;
 
-#define FSCK_N_OPTS 2
+#define FSCK_N_OPTS 4
 
 static void fsck_opts(fsck_run *c, cli_opt o[FSCK_N_OPTS])
 {
@@ -364,6 +371,12 @@ static void fsck_opts(fsck_run *c, cli_opt o[FSCK_N_OPTS])
       {"--repair", NULL, CLI_FLAG, &c->repair, 0, 0,
        "remove broken entries (they become misses); needs the writer lock"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the result as one JSON object"},
+      {"--rebuild-index", NULL, CLI_FLAG, &c->rebuild, 0, 0,
+       "make a fresh index from the records in the segment files (the old one is kept as "
+       "DIR/index.old-N); for an index that is damaged or lost; needs the writer lock"},
+      {"--segment-bytes", "N", CLI_U64, &c->segment_bytes, 1u << 20, 1ull << 40,
+       "with --rebuild-index: the store's segment size, when the old index cannot say "
+       "(default: the largest segment file, rounded up to a MiB)"},
   };
   memcpy(o, t, sizeof t);
 }
@@ -373,14 +386,21 @@ void fsck_usage(FILE *f)
   fsck_run c;
   cli_opt o[FSCK_N_OPTS];
   fsck_opts(&c, o);
-  fprintf(f, "usage: kvtier fsck DIR [--repair] [--json]\n\n"
+  fprintf(f, "usage: kvtier fsck DIR [--repair] [--json]\n"
+             "       kvtier fsck --rebuild-index DIR [--segment-bytes N] [--json]\n\n"
              "Checks every entry of the cold tier's index in DIR against its record on\n"
              "disk: record header, key, segment generation and every layer slice's\n"
              "checksum. Without --repair the store is opened read-only (works beside a live\n"
              "writer). Prints each problem (the token block's key in hex, what failed) and\n"
              "a summary. Exit status: 0 clean, 1 problems found (with --repair: found and\n"
              "removed), 2 could not run (bad command line, no store, no cold tier, or the\n"
-             "store is open for writing elsewhere with --repair).\n\noptions:\n");
+             "store is open for writing elsewhere with --repair).\n\n"
+             "With --rebuild-index, the index is made again from the segment files: every\n"
+             "record is checked (header and every layer's checksum) and each intact one\n"
+             "goes back in, the newest segment generation winning; namespaces come from\n"
+             "DIR/namespaces/ and from the old index where it still reads. Exit status 0\n"
+             "when no damaged record was found, 1 when some were left out, 2 could not run.\n"
+             "\noptions:\n");
   cli_print_opts(f, o, FSCK_N_OPTS);
 }
 
@@ -442,6 +462,10 @@ static int fsck_cannot(const fsck_run *r, const char *what, int rc)
             "--repair needs it closed (without --repair fsck runs read-only beside it)\n", what);
   else if (rc == KVT_ENOTFOUND)
     fprintf(stderr, "kvtier fsck: %s has no cold tier: nothing to check\n", r->dir);
+  else if (rc == KVT_EINDEX)
+    fprintf(stderr, "kvtier fsck: %s: the cold tier's index (%s/index) is damaged or missing; "
+            "rebuild it from the segment files with: kvtier fsck --rebuild-index %s\n", what,
+            r->dir, r->dir);
   else
     fprintf(stderr, "kvtier fsck: %s: %s\n", what, kvt_strerror(rc));
   cli_open_detail("fsck", rc);
@@ -467,6 +491,52 @@ static int fsck_open(const fsck_run *r, kvt_engine **e)
   return CLI_OK;
 }
 
+static void rebuild_report(void *arg, const char *what)
+{
+  const fsck_run *r = arg;
+  if (!r->json) printf("%s\n", what);
+}
+
+/* kvtier fsck --rebuild-index: a fresh index from the segment files. */
+static int fsck_rebuild(const fsck_run *r)
+{
+  kvt_rebuild_result res;
+  progress("fsck: rebuilding the index of %s", r->dir);
+  int rc = kvt_store_rebuild_index(r->dir, r->segment_bytes, &res, rebuild_report, (void *)r);
+  progress_end();
+  if (rc == KVT_ELOCKED) {
+    fprintf(stderr, "kvtier fsck: %s: another process has the store open for writing; "
+            "--rebuild-index needs it closed\n", r->dir);
+    return CLI_USAGE;
+  }
+  if (rc) return fsck_cannot(r, "rebuilding the index", rc);
+  if (r->json) {
+    json_w j;
+    json_begin(&j, stdout);
+    json_str(&j, "command", "fsck");
+    json_str(&j, "dir", r->dir);
+    json_bool(&j, "rebuild_index", 1);
+    json_u64(&j, "segments", res.segments);
+    json_u64(&j, "records", res.records);
+    json_u64(&j, "damaged", res.damaged);
+    json_u64(&j, "superseded", res.superseded);
+    json_u64(&j, "blocks", res.blocks);
+    json_u64(&j, "namespaces", res.namespaces);
+    json_u64(&j, "orphans", res.orphans);
+    json_u64(&j, "segment_bytes", res.segment_bytes);
+    json_str(&j, "old_index", res.old_index);
+    json_end(&j);
+  } else {
+    printf("rebuild %s: %" PRIu64 " segments scanned, %" PRIu64 " intact records, %" PRIu64
+           " damaged, %" PRIu64 " superseded; index now holds %" PRIu64 " token blocks of %" PRIu64
+           " namespaces (%" PRIu64 " of unknown namespaces); segment size %" PRIu64 "\n",
+           r->dir, res.segments, res.records, res.damaged, res.superseded, res.blocks,
+           res.namespaces, res.orphans, res.segment_bytes);
+    if (res.old_index[0]) printf("old index kept as %s/%s\n", r->dir, res.old_index);
+  }
+  return res.damaged ? CLI_FAIL : CLI_OK;
+}
+
 int cmd_fsck(int argc, char **argv)
 {
   fsck_run r;
@@ -477,6 +547,16 @@ int cmd_fsck(int argc, char **argv)
   int rc = parse_cmd("fsck", argc, argv, o, FSCK_N_OPTS, &r.dir, &want_help);
   if (want_help) fsck_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
+  if (r.rebuild && r.repair) {
+    fprintf(stderr, "kvtier fsck: --rebuild-index and --repair do not go together (a rebuilt "
+                    "index holds only intact records)\n");
+    return CLI_USAGE;
+  }
+  if (r.segment_bytes && !r.rebuild) {
+    fprintf(stderr, "kvtier fsck: --segment-bytes goes with --rebuild-index\n");
+    return CLI_USAGE;
+  }
+  if (r.rebuild) return fsck_rebuild(&r);
   kvt_engine *e = NULL;
   rc = fsck_open(&r, &e);
   if (rc != CLI_OK) return rc;
