@@ -36,18 +36,18 @@ static int write_all(int fd, const uint8_t *buf, size_t len) {
   return 0;
 }
 
+/* In place, not through a temporary file and a rename: the files written
+ * here check themselves (a namespace copy's name is the hash of its
+ * content), so one torn by a crash is known for what it is and written
+ * again; durable once the file and then its directory are synced. */
 int kvt_io_write_file(const char *dir, const char *name, const void *buf, size_t len) {
-  char tmp[PATH_MAX], path[PATH_MAX];
-  if (snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name) >= (int)sizeof tmp ||
-      snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
-    return -ENAMETOOLONG;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  char path[PATH_MAX];
+  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) return -ENAMETOOLONG;
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return -errno;
   int rc = write_all(fd, buf, len);
   if (!rc && fsync(fd) != 0) rc = -errno;
   close(fd);
-  if (!rc && rename(tmp, path) != 0) rc = -errno;
-  if (rc) unlink(tmp);
   return rc ? rc : kvt_io_fsync_dir(dir);
 }
 

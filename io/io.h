@@ -154,8 +154,9 @@ uint64_t kvt_io_memlock_limit(void);
  * lists nothing. 0 or -errno. */
 int kvt_io_list(const char *dir, const char *prefix, int (*fn)(void *arg, const char *name),
                 void *arg);
-/* Replace dir/name with buf atomically and durably: a temporary file,
- * fsync, rename, fsync of dir. 0 or -errno. */
+/* Write buf as dir/name durably: in place (a crash may leave it torn, so
+ * only for files that check themselves), fsync, then fsync of dir.
+ * 0 or -errno. */
 int kvt_io_write_file(const char *dir, const char *name, const void *buf, size_t len);
 /* Read a whole file of at most cap bytes; *len gets its size. 0, -EFBIG
  * (longer than cap) or -errno. */

@@ -1781,8 +1781,8 @@ static int verify_ns_one(void *arg, const kvt_key *seed, const uint8_t *enc, siz
 static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
   verify_ctx *x = arg;
   x->checked++;
-  snprintf(x->msg, sizeof x->msg, "index entry malformed (version, length, or an offset off "
-                                  "the 4 KiB grid)");
+  const char *why = e ? NULL : kvt_rec_entry_why(v->mv_data, v->mv_size);
+  snprintf(x->msg, sizeof x->msg, "index entry malformed: %s", why ? why : "unreadable");
   int r = e ? verify_entry(x->c, e, v, x->ns, x->n_ns, x->msg, sizeof x->msg) : KVT_ECORRUPT;
   if (r == -ENOMEM) return r;
   if (!r) return 0;

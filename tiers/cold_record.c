@@ -92,6 +92,29 @@ static int record_check(const kvt_cold_entry *e, const uint8_t *tab) {
   return 0;
 }
 
+/* Why kvt_rec_entry_get refuses the len bytes at p: the first check that
+ * fails, named by its field, for fsck to report; NULL when it would not. */
+const char *kvt_rec_entry_why(const uint8_t *p, size_t len) {
+  if (len < KVT_REC_ENTRY_FIXED || get32(p) != KVT_REC_FORMAT) return "format version or length";
+  kvt_cold_entry e;
+  kvt_key k = {{0}};
+  if (kvt_rec_entry_get(&k, p, len, &e) == 0) return NULL;
+  uint32_t n = get32(p + 28), dtype = get32(p + 32), each = get32(p + 36);
+  uint64_t off = get64(p + 16), rec_len = get32(p + 24);
+  if (n == 0 || n > KVT_MAX_LAYERS || len != kvt_rec_entry_len(n)) return "n_layers or length";
+  if (p[60] | p[61] | p[62] | p[63]) return "reserved bytes not zero";
+  if (kvt_dtype_size(dtype) == 0) return "dtype unknown";
+  if (each == 0) return "bytes_each is 0";
+  if (off % KVT_IO_ALIGN || rec_len % KVT_IO_ALIGN) return "record offset or length off the 4 KiB grid";
+  if (rec_len < kvt_rec_header_len(n)) return "record length shorter than its header";
+  for (uint32_t l = 0; l < n; l++) {
+    kvt_cold_slice sl;
+    kvt_rec_slice_get(p + KVT_REC_ENTRY_FIXED + (size_t)KVT_REC_SLICE * l, &sl);
+    if (sl.raw_len != 2 * (uint64_t)each) return "bytes_each disagrees with the slices' raw length";
+  }
+  return "a slice outside its record, or of an unknown codec";
+}
+
 /* Are the n bytes at p zero? What the writer leaves zero must read zero:
  * a decoded entry or header then encodes back to the same bytes. */
 static int all_zero(const uint8_t *p, size_t n) {

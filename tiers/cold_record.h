@@ -39,6 +39,10 @@ void kvt_rec_entry_put(uint8_t *p, const kvt_cold_entry *e);
  * its header (see kvt_rec_slice_check). */
 int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold_entry *e);
 
+/* Which check kvt_rec_entry_get fails on the len bytes at p, in words
+ * naming the field (fsck reports it); NULL when the entry parses. */
+const char *kvt_rec_entry_why(const uint8_t *p, size_t len);
+
 /* Is slice s of a record described by e one a reader may read: 4096-
  * aligned, after the header, its 4096-aligned stored length inside
  * rec_len, raw length 2 * bytes_each, a known codec? 1 or 0. */
