@@ -341,9 +341,14 @@ typedef struct kvt_stats {
 void kvt_options_init(kvt_options *opt);
 
 /** Open the store in directory dir, creating it unless KVT_OPEN_NOCREATE.
- * A writer holds an exclusive flock() on dir/LOCK until kvt_engine_close();
- * the kernel drops it when the process dies, so a killed writer leaves no
- * stale lock. A read-only open takes no lock.
+ * A writer holds an exclusive flock() on the directory dir itself until
+ * kvt_engine_close() (a lock file could be unlinked under it); the kernel
+ * drops it when the process dies, so a killed writer leaves no stale lock.
+ * A read-only open takes no lock, except where it may not write the
+ * index's dir/index/lock.mdb (another user's store, a read-only mount):
+ * then it holds a shared flock() on dir instead, fails with KVT_ELOCKED
+ * while a writer runs, and a writer fails with KVT_ELOCKED while it is
+ * open (docs/concurrency.md, "The store lock").
  * @param dir may be NULL for a metadata-only engine (KVT_OPEN_METADATA_ONLY):
  *   no directory, no lock.
  * @param opt may be NULL for the defaults; copied, not kept.

@@ -29,11 +29,15 @@
 enum seg_state { SEG_FREE = 0, SEG_OPEN = 1, SEG_FULL = 2 };
 
 typedef struct seg {
-  int fd;                      /* -1 when not open */
+  int fd;                      /* -1 when not open (the descriptor cache: seg_hold) */
   uint64_t gen;                /* bumped whenever the file is reused */
   uint64_t used;               /* bytes appended so far (never rewritten) */
   uint64_t live;               /* bytes of records the index points to */
   uint32_t state;
+  uint32_t users;              /* holders of fd (seg_hold), which stays open meanwhile */
+  uint64_t tick;               /* last hold, for closing the least recently used */
+  int have;                    /* the file is there (opened once, or created) */
+  int err;                     /* why it could not be opened (-errno), or 0 */
 } seg;
 
 typedef struct carry {
@@ -99,6 +103,8 @@ struct kvt_cold {
   pthread_mutex_t st_lock;     /* stats and the segment table's counters */
   seg *segs;                   /* [max_segs] */
   uint32_t n_segs, max_segs;
+  uint32_t fd_open, fd_max;    /* segment descriptors open; idle ones closed above fd_max */
+  uint64_t fd_tick;
   int active;                  /* segment being appended, or -1 */
   ZSTD_CCtx *cctx;             /* writer */
   ZSTD_DCtx *dctx_sync;        /* synchronous reads' (dz_lock), made when first needed */
@@ -263,12 +269,111 @@ static void seg_path(const kvt_cold *c, uint32_t id, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/segments/seg-%08u", c->dir, id);
 }
 
-static int seg_open_file(kvt_cold *c, uint32_t id, int create) {
+/* ---------- segment descriptors: a bounded cache ----------
+ * A store may have more segments than the process may open files, so a
+ * segment's descriptor is opened when it is first needed and closed again,
+ * least recently used first, once more than fd_max are open and it has no
+ * holder. Whoever puts a descriptor into an I/O request holds it
+ * (seg_hold .. seg_release) until the request is over, so it is never
+ * closed, and its number never reused, under a read or write. */
+
+/* Close idle descriptors, least recently used first, until at most
+ * `most` are open (fewer than that when they are all held). st_lock held. */
+static void fd_trim(kvt_cold *c, uint32_t most) {
+  while (c->fd_open > most) {
+    int best = -1;
+    for (uint32_t id = 0; id < c->n_segs; id++) {
+      const seg *s = &c->segs[id];
+      if (s->fd >= 0 && !s->users && (best < 0 || s->tick < c->segs[best].tick)) best = (int)id;
+    }
+    if (best < 0) return;
+    kvt_io_close(c->wio ? c->wio : c->rio, c->segs[best].fd);
+    c->segs[best].fd = -1;
+    c->fd_open--;
+  }
+}
+
+/* Errors that say nothing of the file, only of this moment. */
+static int transient(int rc) { return rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM || rc == -EINTR; }
+
+/* Open segment id's file into the cache when it is not open. A file that
+ * is missing or not a regular file (a directory, a FIFO, a symbolic link)
+ * is remembered in err and is KVT_ECORRUPT: its records are misses.
+ * Returns 0, KVT_ECORRUPT or a transient -errno. st_lock held. */
+static int seg_open_locked(kvt_cold *c, uint32_t id, int create) {
+  seg *s = &c->segs[id];
+  if (s->fd >= 0) return 0;
   char path[4200];
-  int direct;
+  int direct, fd = -1;
   seg_path(c, id, path, sizeof path);
   kvt_io *io = c->wio ? c->wio : c->rio;
-  return kvt_io_open(io, path, create, c->cfg.rdonly, &c->segs[id].fd, &direct);
+  fd_trim(c, c->fd_max ? c->fd_max - 1 : 0);
+  int rc = kvt_io_open_regular(io, path, create, c->cfg.rdonly, &fd, &direct);
+  if (rc == -EMFILE || rc == -ENFILE) { /* the process's other files: give back all idle ones */
+    fd_trim(c, 0);
+    rc = kvt_io_open_regular(io, path, create, c->cfg.rdonly, &fd, &direct);
+  }
+  if (rc) {
+    if (transient(rc)) return rc;
+    s->err = rc;
+    return KVT_ECORRUPT;
+  }
+  s->fd = fd;
+  s->err = 0;
+  s->have = 1;
+  s->tick = ++c->fd_tick;
+  c->fd_open++;
+  return 0;
+}
+
+static int seg_open_file(kvt_cold *c, uint32_t id, int create) {
+  pthread_mutex_lock(&c->st_lock);
+  int rc = seg_open_locked(c, id, create);
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+/* The descriptor of segment id, held open until seg_release(). A reader
+ * beside a live writer opens the segments the writer created after the
+ * reader's open when it first needs them. 0, KVT_ECORRUPT (no such
+ * segment, or no usable file) or a transient -errno (-EMFILE). */
+static int seg_hold(kvt_cold *c, uint32_t id, int *fd) {
+  *fd = -1;
+  if (id >= c->max_segs) return KVT_ECORRUPT;
+  pthread_mutex_lock(&c->st_lock);
+  int rc = id < c->n_segs || c->cfg.rdonly ? seg_open_locked(c, id, 0) : KVT_ECORRUPT;
+  if (!rc) {
+    seg *s = &c->segs[id];
+    s->users++;
+    s->tick = ++c->fd_tick;
+    *fd = s->fd;
+    if (id >= c->n_segs) c->n_segs = id + 1;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+static void seg_release(kvt_cold *c, uint32_t id) {
+  pthread_mutex_lock(&c->st_lock);
+  if (c->segs[id].users) c->segs[id].users--;
+  if (c->fd_open > c->fd_max) fd_trim(c, c->fd_max);
+  pthread_mutex_unlock(&c->st_lock);
+}
+
+/* Why segment id cannot be read, in words, or NULL when it can be. */
+static const char *seg_trouble(kvt_cold *c, uint32_t id) {
+  pthread_mutex_lock(&c->st_lock);
+  int err = id < c->max_segs ? c->segs[id].err : 0;
+  pthread_mutex_unlock(&c->st_lock);
+  switch (err) {
+  case 0: return NULL;
+  case -ENOENT: return "is missing";
+  case -ELOOP: return "is a symbolic link";
+  case -EISDIR: return "is a directory";
+  case -EINVAL: return "is not a regular file";
+  case -EACCES: return "is not readable (permission denied)";
+  default: return "cannot be opened";
+  }
 }
 
 static int kvt_io_exists_seg(const kvt_cold *c, uint32_t id) {
@@ -351,10 +456,13 @@ static int segs_load(kvt_cold *c, MDB_txn *t) {
     seg *s = &c->segs[id];
     if (s->state == SEG_FREE && !kvt_io_exists_seg(c, id)) continue;
     rc = seg_open_file(c, id, 0);
-    if (rc) return rc;
-    uint64_t size;
-    rc = kvt_io_file_size(s->fd, &size);
-    if (rc) return rc;
+    if (transient(rc)) return rc;
+    uint64_t size = 0;
+    /* Missing or unusable: its entries are misses (kvt_cold_verify names
+     * it, and repairing frees it); never appended to again. */
+    if (rc && s->state == SEG_OPEN) s->state = SEG_FULL;
+    if (!rc) rc = kvt_io_file_size(s->fd, &size);
+    if (rc && rc != KVT_ECORRUPT) return rc;
     if (align4k(size) > s->used) s->used = align4k(size);
     if (s->state == SEG_OPEN && c->active < 0 && !c->cfg.rdonly) c->active = (int)id;
     else if (s->state == SEG_OPEN && !c->cfg.rdonly) /* sealed, the row not saved: */
@@ -437,6 +545,10 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   c->cfg.dir = c->dir;
   c->active = -1;
   c->max_segs = MAX_SEGS;
+  /* A quarter of the descriptors the process may open (the rest are the
+   * caller's, LMDB's, the rings'), between 4 and 1024. */
+  uint64_t nofile = kvt_io_nofile_limit() / 4;
+  c->fd_max = nofile < 4 ? 4 : nofile > 1024 ? 1024 : (uint32_t)nofile;
   c->writer_waiting = 1; /* until the writer thread has something */
   pthread_mutex_init(&c->rd_lock, NULL);
   pthread_mutex_init(&c->st_lock, NULL);
@@ -480,7 +592,7 @@ void kvt_cold_close(kvt_cold *c) {
   committer_stop(c);
   reader_stop(c);
   evict_stop(c);
-  for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
+  for (uint32_t i = 0; c->segs && i < c->max_segs; i++)
     if (c->segs[i].fd >= 0) kvt_io_close(c->wio ? c->wio : c->rio, c->segs[i].fd);
   if (c->env) {
     if (!c->cfg.rdonly) mdb_env_sync(c->env, 1);
@@ -733,18 +845,19 @@ static int key_indexed(kvt_cold *c, MDB_txn *t, const kvt_key *k) {
 static uint64_t spare_segs(const kvt_cold *c) {
   uint64_t spare = 0, cap = c->cfg.bytes_limit / c->cfg.segment_bytes;
   if (cap > c->max_segs) cap = c->max_segs;
-  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
+  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].have;
   return spare + (cap > c->n_segs ? cap - c->n_segs : 0);
 }
 
 /* A segment with room for len more bytes: the active one, else a free one
  * (its generation bumped: entries into its old life can no longer match),
  * else a new file while the limit allows, as long as `reserve` spare
- * segments are left. -1 when there is none. */
+ * segments are left. KVT_EFULL when there is none; -EMFILE and the like
+ * when a new file could not be opened now. */
 static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t *sealed,
                           size_t *n_sealed) {
   if (c->active >= 0 && c->segs[c->active].used + len <= c->cfg.segment_bytes) return c->active;
-  if (spare_segs(c) <= reserve) return -1; /* the active one keeps its room for smaller records */
+  if (spare_segs(c) <= reserve) return KVT_EFULL; /* the active one keeps its room for smaller records */
   if (c->active >= 0) {
     c->segs[c->active].state = SEG_FULL;
     sealed[(*n_sealed)++] = (uint32_t)c->active;
@@ -752,7 +865,8 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t 
   }
   for (uint32_t id = 0; id < c->n_segs; id++) {
     seg *s = &c->segs[id];
-    if (s->state != SEG_FREE || s->fd < 0) continue;
+    if (s->state != SEG_FREE) continue;
+    if (!s->have && seg_open_locked(c, id, 1)) continue; /* its file was lost: a new one */
     s->gen++;
     s->used = 0;
     s->live = 0;
@@ -760,9 +874,16 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t 
     return c->active = (int)id;
   }
   uint32_t id = c->n_segs;
-  if (seg_open_file(c, id, 1)) return -1;
-  c->n_segs++;
-  c->segs[id] = (seg){.fd = c->segs[id].fd, .gen = 1, .state = SEG_OPEN};
+  c->n_segs++; /* first: the descriptor cache looks at segments below n_segs */
+  int rc = seg_open_locked(c, id, 1);
+  if (rc) {
+    c->n_segs--;
+    return rc == KVT_ECORRUPT ? KVT_EFULL : rc; /* something else is in its place */
+  }
+  seg *s = &c->segs[id];
+  s->gen = 1;
+  s->used = s->live = 0;
+  s->state = SEG_OPEN;
   return c->active = (int)id;
 }
 
@@ -897,6 +1018,7 @@ typedef struct chunk {
   kvt_cold_slice **sl;
   uint32_t *touched;
   size_t np, n_touched;
+  size_t n_held;              /* touched[0..n_held) are held (seg_hold) until chunk_free */
   kvt_io_req *w;              /* the writes, from stage buffer `buf` */
   size_t nw;
   int buf;                    /* staging buffer held, or -1 */
@@ -921,8 +1043,9 @@ static void pending_less(kvt_cold *c, chunk *k) {
   k->bytes = 0;
 }
 
-static void chunk_free(chunk *k) {
+static void chunk_free(kvt_cold *c, chunk *k) {
   if (!k) return;
+  for (size_t i = 0; i < k->n_held; i++) seg_release(c, k->touched[i]);
   for (size_t i = 0; k->sl && i < k->np; i++) {
     free(k->sl[i]);
     free(k->pl[i].parts);
@@ -1050,7 +1173,7 @@ static void *committer_main(void *arg) {
     }
     if (k->settled && k->upto > k->from) k->settled(k->settled_arg, k->from, k->upto, k->rc);
     pthread_mutex_lock(&c->cq_lock);
-    chunk_free(k);
+    chunk_free(c, k);
     c->in_flight--;
     pthread_cond_broadcast(&c->cq_cv);
   }
@@ -1146,6 +1269,10 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       break;
     }
     int id = seg_for(c, max, vic ? 0 : 1, sealed, &n_sealed);
+    if (id < 0 && id != KVT_EFULL) {
+      rc = id;
+      break;
+    }
     if (id < 0) {
       pthread_mutex_lock(&c->st_lock);
       c->st.full_refusals += n - i;
@@ -1184,6 +1311,12 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
   if (rt) mdb_txn_abort(rt);
   for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
   free(sealed);
+  /* The descriptors the writer and committer use stay open until then. */
+  for (size_t j = 0; !rc && k && j < k->n_touched; j++) {
+    int fd;
+    rc = seg_hold(c, k->touched[j], &fd);
+    if (!rc) k->n_held++;
+  }
   /* One write per piece; pieces adjacent both in memory and on disk merge. */
   if (!rc && !(k->w = calloc(n_parts + 1, sizeof *k->w))) rc = -ENOMEM;
   for (size_t j = 0; !rc && j < np; j++) {
@@ -1207,7 +1340,7 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       k->buf = -1;
       pending_less(c, k);
     }
-    chunk_free(k);
+    chunk_free(c, k);
     pthread_mutex_lock(&c->cq_lock);
     c->stage_busy[buf] = 0;
     pthread_cond_broadcast(&c->cq_cv);
@@ -1441,30 +1574,21 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
   return i;
 }
 
-/* The descriptor of segment id. A reader beside a live writer opens the
- * segments the writer created after the reader's open when it first needs
- * them. -1 when there is no such file. */
-static int seg_fd(kvt_cold *c, uint32_t id) {
-  pthread_mutex_lock(&c->st_lock);
-  int fd = id < c->n_segs ? c->segs[id].fd : -1;
-  if (fd < 0 && c->cfg.rdonly && id < c->max_segs && seg_open_file(c, id, 0) == 0) {
-    fd = c->segs[id].fd;
-    if (id >= c->n_segs) c->n_segs = id + 1;
-  }
-  pthread_mutex_unlock(&c->st_lock);
-  return fd;
-}
-
 /* Read len bytes at off of segment id into a new aligned buffer. */
 static int read_range(kvt_cold *c, uint32_t id, uint64_t off, uint32_t len, uint8_t **out) {
-  int fd = seg_fd(c, id);
-  if (fd < 0) return KVT_ECORRUPT;
+  int fd;
+  int rc = seg_hold(c, id, &fd);
+  if (rc) return rc;
   uint8_t *buf = kvt_io_buf_alloc(len);
-  if (!buf) return -ENOMEM;
+  if (!buf) {
+    seg_release(c, id);
+    return -ENOMEM;
+  }
   kvt_io_req r = {.fd = fd, .op = KVT_IO_OP_READ, .buf = buf, .len = len, .off = off};
   pthread_mutex_lock(&c->rd_lock);
-  int rc = kvt_io_run(c->rio, &r, 1);
+  rc = kvt_io_run(c->rio, &r, 1);
   pthread_mutex_unlock(&c->rd_lock);
+  seg_release(c, id);
   if (rc) {
     kvt_io_buf_free(buf);
     return rc == -EIO && r.res >= 0 ? KVT_ECORRUPT : rc; /* short: past the end */
@@ -1771,6 +1895,35 @@ static int remove_keys(kvt_cold *c, const kvt_key *keys, size_t n, const kvt_key
   return rc;
 }
 
+/* Repair: segments whose file is missing or unusable, their entries
+ * removed, become free (a free segment without a file is never used
+ * again; one whose file is deleted can be appended to again once a new
+ * file can be made in its place). Durable. */
+static int segs_free_unusable(kvt_cold *c) {
+  MDB_txn *t = NULL;
+  int rc = 0;
+  for (uint32_t id = 0; !rc && id < c->n_segs; id++) {
+    pthread_mutex_lock(&c->st_lock);
+    seg *s = &c->segs[id];
+    int bad = s->err && !s->have && s->state != SEG_FREE && (int)id != c->active;
+    if (bad) {
+      if (c->st.live_bytes >= s->live) c->st.live_bytes -= s->live;
+      s->state = SEG_FREE;
+      s->live = 0;
+    }
+    pthread_mutex_unlock(&c->st_lock);
+    if (bad && !t) rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+    if (bad && !rc) rc = seg_save(c, t, id);
+  }
+  if (!t) return rc;
+  if (rc) {
+    mdb_txn_abort(t);
+    return rc;
+  }
+  rc = mdb_err(mdb_txn_commit(t));
+  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+}
+
 typedef struct verify_ctx {
   kvt_cold *c;
   void (*report)(void *, const kvt_key *, const char *);
@@ -1778,6 +1931,7 @@ typedef struct verify_ctx {
   uint64_t checked, bad;
   kvt_key *broken;
   size_t n_broken, cap;
+  char seg_what[96];           /* a segment file's trouble, in words */
 } verify_ctx;
 
 static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_cold_entry *e) {
@@ -1785,8 +1939,13 @@ static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt
   const char *what = "index entry malformed";
   x->checked++;
   int r = e ? verify_entry(x->c, e, v, &what) : KVT_ECORRUPT;
-  if (r == -ENOMEM) return r;
+  if (r == -ENOMEM || transient(r)) return r;
   if (!r) return 0;
+  const char *trouble = e ? seg_trouble(x->c, e->seg) : NULL;
+  if (trouble) {
+    snprintf(x->seg_what, sizeof x->seg_what, "segment file segments/seg-%08u %s", e->seg, trouble);
+    what = x->seg_what;
+  }
   x->bad++;
   if (x->report) x->report(x->arg, key, what);
   if (grow(&x->broken, &x->cap, x->n_broken, sizeof *x->broken)) return -ENOMEM;
@@ -1803,6 +1962,7 @@ int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
   *checked = x.checked;
   *bad = x.bad;
   if (!rc && repair && x.n_broken) rc = remove_keys(c, x.broken, x.n_broken, NULL, NULL);
+  if (!rc && repair) rc = segs_free_unusable(c);
   free(x.broken);
   return rc;
 }
@@ -1915,7 +2075,7 @@ static int victim_seg(kvt_cold *c) {
   pthread_mutex_lock(&c->st_lock); /* live changes under it (removals from any thread) */
   for (uint32_t id = 0; id < c->n_segs; id++) {
     const seg *s = &c->segs[id];
-    if (s->state != SEG_FULL || s->fd < 0 || (int)id == c->active) continue;
+    if (s->state != SEG_FULL || !s->have || (int)id == c->active) continue;
     if (best < 0 || s->live < c->segs[best].live) best = (int)id;
   }
   if (best < 0 && c->active >= 0 && c->segs[c->active].used > 0) best = c->active;
@@ -2238,9 +2398,10 @@ static int find_cached(kvt_cold *c, MDB_txn *t, last_entry *le, const kvt_key *k
 static int read_lookup(kvt_cold *c, MDB_txn *t, last_entry *le, kvt_cold_read *r, inflight *f) {
   int rc = find_cached(c, t, le, &r->key, &f->e, &f->s, r->layer);
   f->len = (uint32_t)align4k(f->s.stored_len);
-  f->fd = rc ? -1 : seg_fd(c, f->e.seg);
+  f->fd = -1;
   if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
-  if (!rc && (f->fd < 0 || f->s.rel_off + (uint64_t)f->len > f->e.rec_len)) rc = KVT_ECORRUPT;
+  if (!rc && f->s.rel_off + (uint64_t)f->len > f->e.rec_len) rc = KVT_ECORRUPT;
+  if (!rc) rc = seg_hold(c, f->e.seg, &f->fd); /* released by read_finish */
   if (rc) {
     if (rc == KVT_ECORRUPT) {
       pthread_mutex_lock(&c->st_lock);
@@ -2269,6 +2430,8 @@ static int span_joins(const span *sp, const inflight *f) {
 /* Check and decode one request its span read (res: what the read gave it). */
 static void read_finish(kvt_cold *c, ZSTD_DCtx *dz, inflight *f, int res) {
   kvt_cold_read *r = f->r;
+  seg_release(c, f->e.seg); /* the read is over */
+  f->fd = -1;
   const uint8_t *p = res ? NULL : f->sp->b.p + (f->off - f->sp->start);
   int rc = res;
   if (!rc && !slice_ok(p, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
