@@ -262,6 +262,72 @@ static void test_more_segments_than_files(void **state) {
   tu_rmtree(dir);
 }
 
+/* ------------------------------------- fsck beside a reclaiming writer */
+
+/* A read-only fsck runs again and again in a child while this process
+ * writes through a cold tier of four segments, reclaiming all the time:
+ * no run may report a bad entry (the store is healthy throughout). */
+static void test_fsck_beside_reclaim(void **state) {
+  (void)state;
+  char *dir = make_store(2);
+  int go[2], stop[2];
+  assert_int_equal(pipe(go), 0);
+  assert_int_equal(pipe(stop), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(go[0]);
+    close(stop[1]);
+    kvt_options o;
+    opts(&o);
+    o.flags = KVT_OPEN_RDONLY | KVT_OPEN_NOCREATE;
+    kvt_engine *e = NULL;
+    if (kvt_engine_open(dir, &o, &e)) _exit(2);
+    if (write(go[1], "g", 1) != 1) _exit(2);
+    fcntl(stop[0], F_SETFL, O_NONBLOCK);
+    uint64_t runs = 0, checked = 0, bad = 0;
+    char ch;
+    do {
+      kvt_fsck_result res;
+      reports rep = {0};
+      int rc = kvt_fsck(e, 0, &res, count_report, &rep);
+      if (rc) {
+        fprintf(stderr, "fsck beside reclaim: %s\n", kvt_strerror(rc));
+        _exit(2);
+      }
+      runs++;
+      checked += res.checked;
+      bad += res.bad;
+    } while (read(stop[0], &ch, 1) < 0 && errno == EAGAIN);
+    kvt_engine_close(e);
+    fprintf(stderr, "fsck beside reclaim: %llu runs, %llu entries checked, %llu bad\n",
+           (unsigned long long)runs, (unsigned long long)checked, (unsigned long long)bad);
+    _exit(bad ? 1 : 0);
+  }
+  close(go[1]);
+  close(stop[0]);
+  char ch;
+  assert_int_equal(read(go[0], &ch, 1), 1); /* the reader is open */
+  kvt_options o;
+  opts(&o);
+  o.tier_bytes_limit[KVT_TIER_COLD] = 4 * (uint64_t)SEG;
+  kvt_engine *w = tu_open(dir, &o);
+  assert_int_equal(write_blocks(w, 300000, 160), 0);
+  kvt_stats st;
+  tu_stats(w, &st);
+  printf("writer: %llu segments reclaimed\n", (unsigned long long)st.cold_reclaims);
+  assert_true(st.cold_reclaims > 10);
+  kvt_engine_close(w);
+  assert_int_equal(write(stop[1], "s", 1), 1);
+  int wst;
+  assert_int_equal(waitpid(pid, &wst, 0), pid);
+  assert_true(WIFEXITED(wst));
+  assert_int_equal(WEXITSTATUS(wst), 0);
+  close(go[0]);
+  close(stop[1]);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_segment_deleted),
@@ -270,6 +336,7 @@ int main(void) {
       cmocka_unit_test(test_segment_is_fifo),
       cmocka_unit_test(test_lock_file_replaced),
       cmocka_unit_test(test_more_segments_than_files),
+      cmocka_unit_test(test_fsck_beside_reclaim),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

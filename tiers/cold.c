@@ -1924,6 +1924,38 @@ static int segs_free_unusable(kvt_cold *c) {
   return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
 }
 
+static int same_place(const kvt_cold_entry *a, const kvt_cold_entry *b) {
+  return a->seg == b->seg && a->seg_gen == b->seg_gen && a->offset == b->offset;
+}
+
+/* A check of entry `seen` (from the scan's snapshot) failed. Beside a
+ * writer that reclaims segments, the snapshot may hold an entry the
+ * writer has since moved or removed, and whose place it has reused: look
+ * again in a new snapshot. Bad (KVT_ECORRUPT) only when the index still
+ * points where the check failed (a segment is reused only after the
+ * removal of every entry into it committed); 0 when it left the index or
+ * checks clean where it is now. */
+static int verify_recheck(kvt_cold *c, const kvt_cold_entry *seen, const char **what) {
+  kvt_cold_entry last = *seen;
+  for (int tries = 0; tries < 3; tries++) {
+    MDB_txn *t;
+    int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+    if (rc) return rc;
+    MDB_val k = {16, (void *)last.key.b}, v;
+    kvt_cold_entry cur;
+    int moved = 0;
+    rc = mdb_err(mdb_get(t, c->db_blocks, &k, &v));
+    if (!rc) rc = get_entry(&last.key, &v, &cur);
+    if (!rc && !same_place(&cur, &last)) moved = 1, rc = verify_entry(c, &cur, &v, what);
+    else if (!rc) rc = KVT_ECORRUPT;
+    mdb_txn_abort(t);
+    if (rc == KVT_ENOTFOUND) return 0; /* it left the index meanwhile */
+    if (rc != KVT_ECORRUPT || !moved) return rc;
+    last = cur; /* it moved, and failed where it is now: once more */
+  }
+  return 0; /* kept moving: the writer has it */
+}
+
 typedef struct verify_ctx {
   kvt_cold *c;
   void (*report)(void *, const kvt_key *, const char *);
@@ -1939,6 +1971,7 @@ static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt
   const char *what = "index entry malformed";
   x->checked++;
   int r = e ? verify_entry(x->c, e, v, &what) : KVT_ECORRUPT;
+  if (r == KVT_ECORRUPT && e) r = verify_recheck(x->c, e, &what);
   if (r == -ENOMEM || transient(r)) return r;
   if (!r) return 0;
   const char *trouble = e ? seg_trouble(x->c, e->seg) : NULL;
