@@ -347,6 +347,14 @@ int kvt_io_truncate(int fd, uint64_t size) {
 
 int kvt_io_exists(const char *path) { return access(path, F_OK) == 0; }
 
+int kvt_io_prealloc(const char *path, uint64_t bytes) {
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return -errno;
+  int rc = posix_fallocate(fd, 0, (off_t)bytes); /* an error number, not -1 */
+  close(fd);
+  return -rc;
+}
+
 uint64_t kvt_io_nofile_limit(void) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;

@@ -152,6 +152,11 @@ int kvt_io_fsync_dir(const char *path);           /* make created/removed names 
 int kvt_io_file_size(int fd, uint64_t *size);
 int kvt_io_truncate(int fd, uint64_t size);
 int kvt_io_exists(const char *path);              /* 1, 0 */
+/* Create path when missing and give it at least `bytes` of real
+ * allocation (posix_fallocate), so that a file later mapped and written
+ * through the mapping cannot fault (SIGBUS) on a full file system: the
+ * full disk is -ENOSPC here instead. 0 or -errno. */
+int kvt_io_prealloc(const char *path, uint64_t bytes);
 /* The soft limit on open descriptors, for sizing descriptor caches. */
 uint64_t kvt_io_nofile_limit(void);
 /* The memlock limit, for deciding on registered buffers. */

@@ -4,8 +4,11 @@
  * writer; more segments than the process may open files; fsck --repair
  * on a directory that is not a store. Each must end in misses or a clear
  * error, never a hang, a crash, a second writer or wrong bytes. */
+
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -328,6 +331,57 @@ static void test_fsck_beside_reclaim(void **state) {
   tu_rmtree(dir);
 }
 
+/* ----------------------------------- creating a store on a full disk */
+
+/* In a child with its own mount namespace (root, or a user namespace):
+ * a 256 KiB tmpfs filled to the last byte, then a store created on it.
+ * The open must fail with -ENOSPC; before LMDB's lock file was allocated
+ * up front, writing its mapping killed the process with SIGBUS. Exit 77
+ * when no file system can be mounted here. */
+static int full_disk_child(const char *mnt) {
+  if (unshare(CLONE_NEWNS) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return 77;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return 77;
+  if (mount("kvt-full", mnt, "tmpfs", 0, "size=256k") != 0) return 77;
+  char path[256];
+  snprintf(path, sizeof path, "%s/store", mnt);
+  if (mkdir(path, 0755) != 0) return 2;
+  snprintf(path, sizeof path, "%s/filler", mnt);
+  int fd = open(path, O_CREAT | O_WRONLY, 0644);
+  static char buf[4096];
+  while (fd >= 0 && write(fd, buf, sizeof buf) > 0) {}
+  while (fd >= 0 && write(fd, buf, 1) > 0) {} /* the last bytes too */
+  snprintf(path, sizeof path, "%s/store", mnt);
+  kvt_options o;
+  opts(&o);
+  kvt_engine *e = NULL;
+  int rc = kvt_engine_open(path, &o, &e); /* SIGBUS here before the fix */
+  fprintf(stderr, "full disk: open: %s\n", kvt_strerror(rc));
+  kvt_engine_close(e);
+  umount(mnt);
+  return rc == -ENOSPC ? 0 : 1;
+}
+
+static void test_create_on_full_disk(void **state) {
+  (void)state;
+  char *mnt = tu_tmpdir(); /* the mount point; the mount is the child's alone */
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    signal(SIGBUS, SIG_DFL); /* not cmocka's handler: the parent sees the signal */
+    _exit(full_disk_child(mnt));
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  tu_rmtree(mnt);
+  if (WIFSIGNALED(st)) fprintf(stderr, "full disk: killed by signal %d\n", WTERMSIG(st));
+  assert_true(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    fprintf(stderr, "SKIP: cannot mount a small tmpfs here\n");
+    skip();
+  }
+  assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_segment_deleted),
@@ -337,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_lock_file_replaced),
       cmocka_unit_test(test_more_segments_than_files),
       cmocka_unit_test(test_fsck_beside_reclaim),
+      cmocka_unit_test(test_create_on_full_disk),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

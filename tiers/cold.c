@@ -25,6 +25,7 @@
 #define SLICE_ENTRY 24u
 #define ENTRY_FIXED 80u
 #define MAX_SEGS 65536u
+#define LOCK_FILE_BYTES (64u << 10) /* LMDB's lock file, allocated up front: room for ~1000 readers */
 
 enum seg_state { SEG_FREE = 0, SEG_OPEN = 1, SEG_FULL = 2 };
 
@@ -508,6 +509,12 @@ static int open_env(kvt_cold *c) {
     if (rc) return rc;
   } else if (!kvt_io_exists(path)) {
     return -ENOENT;
+  }
+  if (!c->cfg.rdonly) { /* LMDB writes its lock file through a mapping of a sparse file */
+    char lp[4300];
+    snprintf(lp, sizeof lp, "%s/lock.mdb", path);
+    int rc = kvt_io_prealloc(lp, LOCK_FILE_BYTES);
+    if (rc) return rc;
   }
   int rc = mdb_err(mdb_env_create(&c->env));
   if (rc) return rc;
