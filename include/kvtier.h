@@ -235,7 +235,8 @@ typedef struct kvt_options {
  * limit below one layer block) and finds no warm tier goes straight to
  * the cold tier: the caller computed the block and kvtier only stores it. */
 #define KVT_OPEN_METADATA_ONLY 0x4u
-/** Do not create the directory when it does not exist. */
+/** Do not create the directory when it does not exist, nor a store (a
+ * cold tier's index/) in a directory that holds none. */
 #define KVT_OPEN_NOCREATE 0x8u
 
 /** K and V of one layer block, as the caller holds them. */
@@ -354,7 +355,9 @@ void kvt_options_init(kvt_options *opt);
  * @param opt may be NULL for the defaults; copied, not kept.
  * @param out receives the engine; on failure set to NULL.
  * @return 0; KVT_ENULL; KVT_EOPTION; KVT_ELOCKED when another process holds
- *   the store for writing; -ENOENT (read-only or NOCREATE, no directory);
+ *   the store for writing; -ENOENT (read-only or NOCREATE, no directory,
+ *   or, with a cold tier, a directory that holds no store: nothing is
+ *   created in it);
  *   -ENOMEM; other -errno from the file system. */
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
 

@@ -382,6 +382,34 @@ static void test_create_on_full_disk(void **state) {
   assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* ------------------------------- fsck --repair on a directory, no store */
+
+/* A writer opened with KVT_OPEN_NOCREATE (what fsck --repair does) on a
+ * directory that holds no store is refused and creates nothing; so is
+ * `kvtier fsck --repair` (exit 2) when KVTIER_BIN names the command. */
+static void test_repair_not_a_store(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir();
+  kvt_options o;
+  opts(&o);
+  o.flags = KVT_OPEN_NOCREATE;
+  kvt_engine *e = NULL;
+  assert_int_equal(kvt_engine_open(dir, &o, &e), -ENOENT);
+  char path[512];
+  snprintf(path, sizeof path, "%s/index", dir);
+  assert_int_equal(access(path, F_OK), -1);
+  const char *bin = getenv("KVTIER_BIN");
+  if (bin && *bin) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "'%s' fsck '%s' --repair >/dev/null 2>&1", bin, dir);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_int_equal(access(path, F_OK), -1);
+  }
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_segment_deleted),
@@ -392,6 +420,7 @@ int main(void) {
       cmocka_unit_test(test_more_segments_than_files),
       cmocka_unit_test(test_fsck_beside_reclaim),
       cmocka_unit_test(test_create_on_full_disk),
+      cmocka_unit_test(test_repair_not_a_store),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -499,6 +499,7 @@ static int open_dbs(kvt_cold *c) {
 static int open_env(kvt_cold *c) {
   char path[4200];
   snprintf(path, sizeof path, "%s/index", c->dir);
+  if (!c->cfg.rdonly && c->cfg.nocreate && !kvt_io_exists(path)) return -ENOENT; /* not a store */
   if (!c->cfg.rdonly) {
     int rc = kvt_io_mkdir(path);
     if (!rc) {

@@ -446,6 +446,9 @@ static int fsck_cannot(const fsck_run *r, const char *what, int rc)
             "--repair needs it closed (without --repair fsck runs read-only beside it)\n", what);
   else if (rc == KVT_ENOTFOUND)
     fprintf(stderr, "kvtier fsck: %s has no cold tier: nothing to check\n", r->dir);
+  else if (rc == -ENOENT)
+    fprintf(stderr, "kvtier fsck: %s: %s: not a kvtier store (no index/); nothing to check%s\n",
+            what, kvt_strerror(rc), r->repair ? ", and --repair creates nothing" : "");
   else
     fprintf(stderr, "kvtier fsck: %s: %s\n", what, kvt_strerror(rc));
   return CLI_USAGE;
