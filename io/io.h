@@ -24,10 +24,6 @@
  * Returns 0; KVT_ELOCKED when another writer holds the lock; -ENOENT,
  * -ENOTDIR or another -errno. */
 int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd);
-/* A shared flock() on dir: no writer can start while it is held (for a
- * reader that cannot register in LMDB's lock file). 0 or KVT_ELOCKED (a
- * writer holds the store) or -errno; release with kvt_io_dir_close(). */
-int kvt_io_dir_share(const char *dir, int *lock_fd);
 void kvt_io_dir_close(int lock_fd);
 
 /* ---- backends ---- */
