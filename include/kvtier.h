@@ -345,7 +345,11 @@ void kvt_options_init(kvt_options *opt);
  * A writer holds an exclusive flock() on the directory dir itself until
  * kvt_engine_close() (a lock file could be unlinked under it); the kernel
  * drops it when the process dies, so a killed writer leaves no stale lock.
- * A read-only open takes no lock (docs/concurrency.md, "The store lock").
+ * A read-only open takes no lock, except where it may not write
+ * dir/index/lock.mdb (another user's store): then it holds a shared
+ * flock() on dir, fails with KVT_ELOCKED while a writer runs, and a writer
+ * fails with KVT_ELOCKED while it is open (docs/concurrency.md, "The
+ * store lock").
  * @param dir may be NULL for a metadata-only engine (KVT_OPEN_METADATA_ONLY):
  *   no directory, no lock.
  * @param opt may be NULL for the defaults; copied, not kept.

@@ -355,6 +355,8 @@ int kvt_io_prealloc(const char *path, uint64_t bytes) {
   return -rc;
 }
 
+int kvt_io_writable(const char *path) { return access(path, W_OK) == 0; }
+
 uint64_t kvt_io_nofile_limit(void) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;

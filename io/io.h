@@ -25,6 +25,10 @@
  * -ENOTDIR or another -errno. */
 int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd);
 void kvt_io_dir_close(int lock_fd);
+/* A shared flock() on dir: no writer can start while it is held. 0 or
+ * KVT_ELOCKED (a writer holds the store) or -errno; release with
+ * kvt_io_dir_close(). */
+int kvt_io_dir_share(const char *dir, int *lock_fd);
 
 /* ---- backends ---- */
 
@@ -148,6 +152,7 @@ int kvt_io_fsync_dir(const char *path);           /* make created/removed names 
 int kvt_io_file_size(int fd, uint64_t *size);
 int kvt_io_truncate(int fd, uint64_t size);
 int kvt_io_exists(const char *path);              /* 1, 0 */
+int kvt_io_writable(const char *path);            /* 1: this process may write it, 0 */
 /* Create path when missing and give it at least `bytes` of real
  * allocation (posix_fallocate), so that a file later mapped and written
  * through the mapping cannot fault (SIGBUS) on a full file system: the

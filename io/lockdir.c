@@ -45,6 +45,11 @@ int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd) {
   return dir_lock(dir, LOCK_EX, lock_fd);
 }
 
+int kvt_io_dir_share(const char *dir, int *lock_fd) {
+  *lock_fd = -1;
+  return dir_lock(dir, LOCK_SH, lock_fd);
+}
+
 void kvt_io_dir_close(int lock_fd) {
   if (lock_fd >= 0) close(lock_fd); /* closing the last descriptor drops the flock */
 }

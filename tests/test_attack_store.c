@@ -410,6 +410,58 @@ static void test_repair_not_a_store(void **state) {
   tu_rmtree(dir);
 }
 
+/* ------------------------ a reader that may not write index/lock.mdb */
+
+/* In a child running as nobody: open dir read-only and check it. Exit 0
+ * when the open's result is want (and, when 0, fsck finds no bad entry). */
+static int nobody_reads(const char *dir, int want) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+    kvt_options o;
+    opts(&o);
+    o.flags = KVT_OPEN_RDONLY | KVT_OPEN_NOCREATE;
+    kvt_engine *e = NULL;
+    int rc = kvt_engine_open(dir, &o, &e);
+    if (rc != want) fprintf(stderr, "reader as nobody: open: %s\n", kvt_strerror(rc));
+    if (rc) _exit(rc == want ? 0 : 1);
+    kvt_fsck_result res;
+    rc = kvt_fsck(e, 0, &res, NULL, NULL);
+    kvt_engine_close(e);
+    _exit(!rc && res.checked > 0 && res.bad == 0 ? 0 : 1);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  return WEXITSTATUS(st);
+}
+
+/* stat and fsck of another user's store: the reader cannot register in
+ * LMDB's lock file, so it takes a shared lock on the store instead; it
+ * works while no writer runs and is refused (KVT_ELOCKED) while one does. */
+static void test_reader_without_lock_access(void **state) {
+  (void)state;
+  if (getuid() != 0) {
+    fprintf(stderr, "SKIP: needs root to read as another user\n");
+    skip();
+  }
+  char *dir = make_store(1);
+  assert_int_equal(chmod(dir, 0755), 0);
+  int rc = nobody_reads(dir, 0);
+  if (rc == 77) {
+    tu_rmtree(dir);
+    skip();
+  }
+  assert_int_equal(rc, 0);
+  kvt_options o;
+  opts(&o);
+  kvt_engine *w = tu_open(dir, &o);
+  assert_int_equal(nobody_reads(dir, KVT_ELOCKED), 0);
+  kvt_engine_close(w);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_segment_deleted),
@@ -421,6 +473,7 @@ int main(void) {
       cmocka_unit_test(test_fsck_beside_reclaim),
       cmocka_unit_test(test_create_on_full_disk),
       cmocka_unit_test(test_repair_not_a_store),
+      cmocka_unit_test(test_reader_without_lock_access),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -107,6 +107,7 @@ struct kvt_cold {
   uint32_t fd_open, fd_max;    /* segment descriptors open; idle ones closed above fd_max */
   uint64_t fd_tick;
   int active;                  /* segment being appended, or -1 */
+  int share_fd;                /* a reader's shared store lock (MDB_NOLOCK), or -1 */
   ZSTD_CCtx *cctx;             /* writer */
   ZSTD_DCtx *dctx_sync;        /* synchronous reads' (dz_lock), made when first needed */
   pthread_mutex_t dz_lock;
@@ -522,6 +523,18 @@ static int open_env(kvt_cold *c) {
   mdb_env_set_maxdbs(c->env, 4);
   mdb_env_set_mapsize(c->env, c->cfg.map_bytes);
   unsigned flags = MDB_NOTLS | MDB_NOSYNC | (c->cfg.rdonly ? MDB_RDONLY : 0);
+  char lp[4300];
+  snprintf(lp, sizeof lp, "%s/lock.mdb", path);
+  if (c->cfg.rdonly && kvt_io_exists(lp) && !kvt_io_writable(lp)) {
+    /* A reader that cannot register its snapshots in lock.mdb (another
+     * user's store, a read-only mount) would not stop a writer from
+     * reusing the pages it reads: it holds a shared lock on the store
+     * instead, so that no writer runs while it is open (KVT_ELOCKED
+     * while one does), and opens LMDB without its lock file. */
+    rc = kvt_io_dir_share(c->dir, &c->share_fd);
+    if (rc) return rc;
+    flags |= MDB_NOLOCK;
+  }
   rc = mdb_err(mdb_env_open(c->env, path, flags, 0644));
   if (!rc) {
     int stale;
@@ -552,6 +565,7 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   snprintf(c->dir, sizeof c->dir, "%s", cfg->dir);
   c->cfg.dir = c->dir;
   c->active = -1;
+  c->share_fd = -1;
   c->max_segs = MAX_SEGS;
   /* A quarter of the descriptors the process may open (the rest are the
    * caller's, LMDB's, the rings'), between 4 and 1024. */
@@ -606,6 +620,7 @@ void kvt_cold_close(kvt_cold *c) {
     if (!c->cfg.rdonly) mdb_env_sync(c->env, 1);
     mdb_env_close(c->env);
   }
+  kvt_io_dir_close(c->share_fd);
   kvt_io_destroy(c->wio);
   kvt_io_destroy(c->sio);
   kvt_io_destroy(c->rio);
