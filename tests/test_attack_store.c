@@ -382,6 +382,33 @@ static void test_create_on_full_disk(void **state) {
   assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* No descriptor left when the writer needs a new segment file: kvt_sync
+ * reports -EMFILE, not a full tier (KVT_EFULL). In a child. */
+static void test_emfile_is_not_full(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir();
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    struct rlimit rl = {64, 64};
+    if (setrlimit(RLIMIT_NOFILE, &rl)) _exit(2);
+    kvt_options o;
+    opts(&o);
+    kvt_engine *e = NULL;
+    if (kvt_engine_open(dir, &o, &e)) _exit(2);
+    while (dup(0) >= 0) {} /* every descriptor taken */
+    int rc = write_blocks(e, 0, 4);
+    fprintf(stderr, "no descriptors left: writing: %s\n", kvt_strerror(rc));
+    kvt_engine_close(e);
+    _exit(rc == -EMFILE ? 0 : 1);
+  }
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  tu_rmtree(dir);
+}
+
 /* ------------------------------- fsck --repair on a directory, no store */
 
 /* A writer opened with KVT_OPEN_NOCREATE (what fsck --repair does) on a
@@ -472,6 +499,7 @@ int main(void) {
       cmocka_unit_test(test_more_segments_than_files),
       cmocka_unit_test(test_fsck_beside_reclaim),
       cmocka_unit_test(test_create_on_full_disk),
+      cmocka_unit_test(test_emfile_is_not_full),
       cmocka_unit_test(test_repair_not_a_store),
       cmocka_unit_test(test_reader_without_lock_access),
   };
