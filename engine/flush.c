@@ -271,6 +271,7 @@ static void cold_config(const kvt_engine *e, const char *dir, kvt_cold_config *c
                          .group_bytes = o->cold_group_bytes,
                          .compress = (int)o->cold_compress, .zstd_level = 1};
   c->evict_policy = (int)o->cold_evict;
+  c->nocreate = (o->flags & KVT_OPEN_NOCREATE) != 0;
   c->io.backend = (int)o->io_backend;
   c->io.depth = o->io_depth;
   c->io.fault = (kvt_io_fault){.ops = o->test_fault.ops, .kind = o->test_fault.kind,

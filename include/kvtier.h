@@ -282,7 +282,8 @@ typedef struct kvt_options {
  * limit below one layer block) and finds no warm tier goes straight to
  * the cold tier: the caller computed the block and kvtier only stores it. */
 #define KVT_OPEN_METADATA_ONLY 0x4u
-/** Do not create the directory when it does not exist. */
+/** Do not create the directory when it does not exist, nor a store (a
+ * cold tier's index/) in a directory that holds none. */
 #define KVT_OPEN_NOCREATE 0x8u
 
 /** K and V of one layer block, as the caller holds them. */
@@ -389,9 +390,14 @@ typedef struct kvt_stats {
 void kvt_options_init(kvt_options *opt);
 
 /** Open the store in directory dir, creating it unless KVT_OPEN_NOCREATE.
- * A writer holds an exclusive flock() on dir/LOCK until kvt_engine_close();
- * the kernel drops it when the process dies, so a killed writer leaves no
- * stale lock. A read-only open takes no lock.
+ * A writer holds an exclusive flock() on the directory dir itself until
+ * kvt_engine_close() (a lock file could be unlinked under it); the kernel
+ * drops it when the process dies, so a killed writer leaves no stale lock.
+ * A read-only open takes no lock, except where it may not write
+ * dir/index/lock.mdb (another user's store): then it holds a shared
+ * flock() on dir, fails with KVT_ELOCKED while a writer runs, and a writer
+ * fails with KVT_ELOCKED while it is open (docs/concurrency.md, "The
+ * store lock").
  * @param dir may be NULL for a metadata-only engine (KVT_OPEN_METADATA_ONLY):
  *   no directory, no lock.
  * @param opt may be NULL for the defaults; copied, not kept.
@@ -399,8 +405,10 @@ void kvt_options_init(kvt_options *opt);
  * @return 0; KVT_ENULL; KVT_EOPTION (also: a writer with cold limit 0 on a
  *   store that has a cold tier); KVT_ELOCKED when another writer holds the
  *   store, in another process or in this one (another engine);
- *   -ENOENT (read-only or NOCREATE, no directory); -ENOMEM; other -errno
- *   from the file system. */
+ *   -ENOENT (read-only or NOCREATE, no directory, or, with a cold tier, a
+ *   directory that holds no store: nothing is created in it); KVT_EINDEX
+ *   (the cold tier's index is damaged or missing: kvt_store_rebuild_index);
+ *   -ENOMEM; other -errno from the file system. */
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
 
 /** kvt_engine_open(), and on failure the detail of what was wrong in

@@ -135,8 +135,36 @@ int kvt_io_set_fault(kvt_io *io, const kvt_io_fault *f) {
 
 /* ------------------------------------------------------------ open/close */
 
+static int open_flags(kvt_io *io, const char *path, int flags, int *fd, int *direct);
+
 int kvt_io_open(kvt_io *io, const char *path, int create, int rdonly, int *fd, int *direct) {
   int flags = (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT : 0);
+  return open_flags(io, path, flags, fd, direct);
+}
+
+/* O_NONBLOCK: opening a FIFO must not wait for a writer; O_NOFOLLOW: a
+ * symbolic link is not a data file of ours. Neither changes how a regular
+ * file behaves. */
+int kvt_io_open_regular(kvt_io *io, const char *path, int create, int rdonly, int *fd,
+                        int *direct) {
+  int flags = (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
+              (create ? O_CREAT : 0);
+  int f = -1;
+  int rc = open_flags(io, path, flags, &f, direct);
+  if (rc) return rc;
+  struct stat st;
+  if (fstat(f, &st) != 0) rc = -errno;
+  else if (S_ISDIR(st.st_mode)) rc = -EISDIR;
+  else if (!S_ISREG(st.st_mode)) rc = -EINVAL;
+  if (rc) {
+    close(f);
+    return rc;
+  }
+  *fd = f;
+  return 0;
+}
+
+static int open_flags(kvt_io *io, const char *path, int flags, int *fd, int *direct) {
   int want = !(io && io->no_direct);
   int f = -1;
   if (want) {
@@ -318,6 +346,22 @@ int kvt_io_truncate(int fd, uint64_t size) {
 }
 
 int kvt_io_exists(const char *path) { return access(path, F_OK) == 0; }
+
+int kvt_io_prealloc(const char *path, uint64_t bytes) {
+  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return -errno;
+  int rc = posix_fallocate(fd, 0, (off_t)bytes); /* an error number, not -1 */
+  close(fd);
+  return -rc;
+}
+
+int kvt_io_writable(const char *path) { return access(path, W_OK) == 0; }
+
+uint64_t kvt_io_nofile_limit(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024;
+  return rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+}
 
 uint64_t kvt_io_memlock_limit(void) {
   struct rlimit rl;

@@ -17,9 +17,10 @@
 /* ---- the store directory and its writer lock ---- */
 
 /* Open store directory dir. A writer (rdonly == 0) creates it when create
- * is set and takes an exclusive flock() on dir/LOCK, held through *lock_fd
- * until kvt_io_dir_close(); the kernel releases it if the process dies.
- * A reader takes no lock and *lock_fd is -1.
+ * is set and takes an exclusive flock() on the directory dir itself (not
+ * on a file in it, which could be unlinked under the writer), held
+ * through *lock_fd until kvt_io_dir_close(); the kernel releases it if
+ * the process dies. A reader takes no lock and *lock_fd is -1.
  * Returns 0; KVT_ELOCKED when another writer holds the lock; -ENOENT,
  * -ENOTDIR or another -errno. */
 int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd);
@@ -27,6 +28,10 @@ void kvt_io_dir_close(int lock_fd);
 /* The pid of the writer that holds dir's lock, as it wrote it in LOCK when
  * it took the lock; 0 when unknown (no lock file, or no pid in it). */
 int kvt_io_lock_owner(const char *dir);
+/* A shared flock() on dir: no writer can start while it is held. 0 or
+ * KVT_ELOCKED (a writer holds the store) or -errno; release with
+ * kvt_io_dir_close(). */
+int kvt_io_dir_share(const char *dir, int *lock_fd);
 
 /* ---- backends ---- */
 
@@ -108,6 +113,12 @@ int kvt_io_set_fault(kvt_io *io, const kvt_io_fault *f);
  * Linux 6.6; /proc files and devices still refuse it. */
 int kvt_io_open(kvt_io *io, const char *path, int create, int rdonly, int *fd, int *direct);
 void kvt_io_close(kvt_io *io, int fd);
+/* The same for a data file that must be a regular file: opened with
+ * O_NONBLOCK (a FIFO in its place does not block the open) and
+ * O_NOFOLLOW. Returns 0 or -errno: -ELOOP a symbolic link, -EISDIR a
+ * directory, -EINVAL another kind of file (FIFO, socket, device). */
+int kvt_io_open_regular(kvt_io *io, const char *path, int create, int rdonly, int *fd,
+                        int *direct);
 
 /* Queue n requests and start them. Completion order is not request order.
  * Returns 0 or -errno for a failure to submit at all (each request's own
@@ -144,6 +155,14 @@ int kvt_io_fsync_dir(const char *path);           /* make created/removed names 
 int kvt_io_file_size(int fd, uint64_t *size);
 int kvt_io_truncate(int fd, uint64_t size);
 int kvt_io_exists(const char *path);              /* 1, 0 */
+int kvt_io_writable(const char *path);            /* 1: this process may write it, 0 */
+/* Create path when missing and give it at least `bytes` of real
+ * allocation (posix_fallocate), so that a file later mapped and written
+ * through the mapping cannot fault (SIGBUS) on a full file system: the
+ * full disk is -ENOSPC here instead. 0 or -errno. */
+int kvt_io_prealloc(const char *path, uint64_t bytes);
+/* The soft limit on open descriptors, for sizing descriptor caches. */
+uint64_t kvt_io_nofile_limit(void);
 /* The memlock limit, for deciding on registered buffers. */
 uint64_t kvt_io_memlock_limit(void);
 

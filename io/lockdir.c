@@ -1,7 +1,11 @@
 /* lockdir.c - the store directory and its single-writer lock.
- * flock() rather than fcntl() locks: an flock belongs to the open file
- * description, so it is not lost when another descriptor on the same file
- * is closed, and it dies with the process, so SIGKILL leaves no stale lock. */
+ * The lock is an flock() on the store directory itself, not on a file in
+ * it: a lock file can be unlinked or replaced under a running writer, and
+ * a second writer would then lock the new file and get in; the directory
+ * cannot be replaced while the store is in it. flock() rather than fcntl()
+ * locks: an flock belongs to the open file description, so it is not lost
+ * when another descriptor on the same file is closed, and it dies with
+ * the process, so SIGKILL leaves no stale lock. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -36,31 +40,48 @@ static int dir_check(const char *dir, int create) {
   return fsync_parent(dir); /* the new directory's name survives a power loss */
 }
 
-int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd) {
-  *lock_fd = -1;
-  int rc = dir_check(dir, create && !rdonly);
-  if (rc || rdonly) return rc;
-  char path[PATH_MAX];
-  if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path) return -ENAMETOOLONG;
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+/* flock(how | LOCK_NB) on the directory itself, through a new descriptor. */
+static int dir_lock(const char *dir, int how, int *lock_fd) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return -errno;
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    rc = (errno == EWOULDBLOCK) ? KVT_ELOCKED : -errno;
+  if (flock(fd, how | LOCK_NB) != 0) {
+    int rc = (errno == EWOULDBLOCK) ? KVT_ELOCKED : -errno;
     close(fd);
     return rc;
   }
-  /* Say who holds it, so a refused open can tell "this process" from
+  /* A writer says who holds the lock, in the file LOCK (not the lock: a
+   * hint for messages), so a refused open can tell "this process" from
    * another one; only ever read while the lock is held. */
-  char pid[24];
-  int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) { /* only a hint */ }
+  if (how == LOCK_EX) {
+    char pid[24];
+    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    int pf = openat(fd, "LOCK", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (pf >= 0 && pwrite(pf, pid, (size_t)n, 0) != n) { /* only a hint */ }
+    if (pf >= 0) close(pf);
+  }
   *lock_fd = fd;
   return 0;
 }
 
+int kvt_io_dir_open(const char *dir, int create, int rdonly, int *lock_fd) {
+  *lock_fd = -1;
+  int rc = dir_check(dir, create && !rdonly);
+  if (rc || rdonly) return rc;
+  return dir_lock(dir, LOCK_EX, lock_fd);
+}
+
+int kvt_io_dir_share(const char *dir, int *lock_fd) {
+  *lock_fd = -1;
+  return dir_lock(dir, LOCK_SH, lock_fd);
+}
+
 void kvt_io_dir_close(int lock_fd) {
   if (lock_fd < 0) return;
-  if (ftruncate(lock_fd, 0) != 0) { /* a stale pid is only read under a live lock */ }
+  /* empty LOCK (a stale pid is only read under a live lock anyway); a
+   * reader's shared lock never wrote it, and O_TRUNC of a missing file is
+   * no create */
+  int pf = openat(lock_fd, "LOCK", O_WRONLY | O_TRUNC | O_CLOEXEC);
+  if (pf >= 0) close(pf);
   close(lock_fd); /* closing the last descriptor drops the flock */
 }
 

@@ -130,9 +130,9 @@ assert b["verified"] is True
 ' "$TMP/demo1.out" "$TMP/demo2.out"
 fi
 expect "the second run did not wipe its directory" test -f "$DEMO/user-file"
-# Another writer holds the store (kvtier.h: an exclusive flock() on dir/LOCK).
+# Another writer holds the store (kvtier.h: an exclusive flock() on the directory).
 if command -v flock >/dev/null; then
-  flock "$DEMO/LOCK" "$KVT" demo --dir "$DEMO" --agents 1 >"$TMP/locked.out" 2>"$TMP/locked.err"
+  flock "$DEMO" "$KVT" demo --dir "$DEMO" --agents 1 >"$TMP/locked.out" 2>"$TMP/locked.err"
   rc=$?
   expect "a locked store: exit 1 (got $rc)" test "$rc" -eq 1
   expect "a locked store: the failed call on stderr" has locked err "opening the store"
@@ -308,10 +308,10 @@ run stat2 0 stat "$DEMO" && expect "stat shows the model" has stat2 out "llama-3
   && expect "stat shows the I/O backend" has stat2 out "I/O"
 run fsck_clean 0 fsck "$DEMO" && expect "fsck of the demo store: clean" has fsck_clean out " 0 bad"
 if command -v flock >/dev/null; then
-  flock "$DEMO/LOCK" "$KVT" stat "$DEMO" >"$TMP/stat_locked.out" 2>&1
+  flock "$DEMO" "$KVT" stat "$DEMO" >"$TMP/stat_locked.out" 2>&1
   rc=$?
   expect "stat beside a writer (lock held): exit 0 (got $rc)" test "$rc" -eq 0
-  flock "$DEMO/LOCK" "$KVT" fsck "$DEMO" --repair >"$TMP/fsck_locked.out" 2>"$TMP/fsck_locked.err"
+  flock "$DEMO" "$KVT" fsck "$DEMO" --repair >"$TMP/fsck_locked.out" 2>"$TMP/fsck_locked.err"
   rc=$?
   expect "fsck --repair beside a writer: exit 2 (got $rc)" test "$rc" -eq 2
   expect "fsck --repair beside a writer: says why" has fsck_locked err "open for writing"

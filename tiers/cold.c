@@ -27,15 +27,20 @@
 #define SLICE_ENTRY KVT_REC_SLICE
 #define ENTRY_FIXED KVT_REC_ENTRY_FIXED
 #define MAX_SEGS 65536u
+#define LOCK_FILE_BYTES (64u << 10) /* LMDB's lock file, allocated up front: room for ~1000 readers */
 
 enum seg_state { SEG_FREE = 0, SEG_OPEN = 1, SEG_FULL = 2 };
 
 typedef struct seg {
-  int fd;                      /* -1 when not open */
+  int fd;                      /* -1 when not open (the descriptor cache: seg_hold) */
   uint64_t gen;                /* bumped whenever the file is reused */
   uint64_t used;               /* bytes appended so far (never rewritten) */
   uint64_t live;               /* bytes of records the index points to */
   uint32_t state;
+  uint32_t users;              /* holders of fd (seg_hold), which stays open meanwhile */
+  uint64_t tick;               /* last hold, for closing the least recently used */
+  int have;                    /* the file is there (opened once, or created) */
+  int err;                     /* why it could not be opened (-errno), or 0 */
 } seg;
 
 typedef struct carry {
@@ -101,8 +106,11 @@ struct kvt_cold {
   pthread_mutex_t st_lock;     /* stats and the segment table's counters */
   seg *segs;                   /* [max_segs] */
   uint32_t n_segs, max_segs;
+  uint32_t fd_open, fd_max;    /* segment descriptors open; idle ones closed above fd_max */
+  uint64_t fd_tick;
   int active;                  /* segment being appended, or -1 */
   int segdir_dirty;            /* a segment file created since segments/ was fsynced (st_lock) */
+  int share_fd;                /* a reader's shared store lock (MDB_NOLOCK), or -1 */
   ZSTD_CCtx *cctx;             /* writer */
   ZSTD_DCtx *dctx_sync;        /* synchronous reads' (dz_lock), made when first needed */
   pthread_mutex_t dz_lock;
@@ -223,12 +231,111 @@ static void seg_path(const kvt_cold *c, uint32_t id, char *buf, size_t cap) {
   snprintf(buf, cap, "%s/segments/seg-%08u", c->dir, id);
 }
 
-static int seg_open_file(kvt_cold *c, uint32_t id, int create) {
+/* ---------- segment descriptors: a bounded cache ----------
+ * A store may have more segments than the process may open files, so a
+ * segment's descriptor is opened when it is first needed and closed again,
+ * least recently used first, once more than fd_max are open and it has no
+ * holder. Whoever puts a descriptor into an I/O request holds it
+ * (seg_hold .. seg_release) until the request is over, so it is never
+ * closed, and its number never reused, under a read or write. */
+
+/* Close idle descriptors, least recently used first, until at most
+ * `most` are open (fewer than that when they are all held). st_lock held. */
+static void fd_trim(kvt_cold *c, uint32_t most) {
+  while (c->fd_open > most) {
+    int best = -1;
+    for (uint32_t id = 0; id < c->n_segs; id++) {
+      const seg *s = &c->segs[id];
+      if (s->fd >= 0 && !s->users && (best < 0 || s->tick < c->segs[best].tick)) best = (int)id;
+    }
+    if (best < 0) return;
+    kvt_io_close(c->wio ? c->wio : c->rio, c->segs[best].fd);
+    c->segs[best].fd = -1;
+    c->fd_open--;
+  }
+}
+
+/* Errors that say nothing of the file, only of this moment. */
+static int transient(int rc) { return rc == -EMFILE || rc == -ENFILE || rc == -ENOMEM || rc == -EINTR; }
+
+/* Open segment id's file into the cache when it is not open. A file that
+ * is missing or not a regular file (a directory, a FIFO, a symbolic link)
+ * is remembered in err and is KVT_ECORRUPT: its records are misses.
+ * Returns 0, KVT_ECORRUPT or a transient -errno. st_lock held. */
+static int seg_open_locked(kvt_cold *c, uint32_t id, int create) {
+  seg *s = &c->segs[id];
+  if (s->fd >= 0) return 0;
   char path[4200];
-  int direct;
+  int direct, fd = -1;
   seg_path(c, id, path, sizeof path);
   kvt_io *io = c->wio ? c->wio : c->rio;
-  return kvt_io_open(io, path, create, c->cfg.rdonly, &c->segs[id].fd, &direct);
+  fd_trim(c, c->fd_max ? c->fd_max - 1 : 0);
+  int rc = kvt_io_open_regular(io, path, create, c->cfg.rdonly, &fd, &direct);
+  if (rc == -EMFILE || rc == -ENFILE) { /* the process's other files: give back all idle ones */
+    fd_trim(c, 0);
+    rc = kvt_io_open_regular(io, path, create, c->cfg.rdonly, &fd, &direct);
+  }
+  if (rc) {
+    if (transient(rc)) return rc;
+    s->err = rc;
+    return KVT_ECORRUPT;
+  }
+  s->fd = fd;
+  s->err = 0;
+  s->have = 1;
+  s->tick = ++c->fd_tick;
+  c->fd_open++;
+  return 0;
+}
+
+static int seg_open_file(kvt_cold *c, uint32_t id, int create) {
+  pthread_mutex_lock(&c->st_lock);
+  int rc = seg_open_locked(c, id, create);
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+/* The descriptor of segment id, held open until seg_release(). A reader
+ * beside a live writer opens the segments the writer created after the
+ * reader's open when it first needs them. 0, KVT_ECORRUPT (no such
+ * segment, or no usable file) or a transient -errno (-EMFILE). */
+static int seg_hold(kvt_cold *c, uint32_t id, int *fd) {
+  *fd = -1;
+  if (id >= c->max_segs) return KVT_ECORRUPT;
+  pthread_mutex_lock(&c->st_lock);
+  int rc = id < c->n_segs || c->cfg.rdonly ? seg_open_locked(c, id, 0) : KVT_ECORRUPT;
+  if (!rc) {
+    seg *s = &c->segs[id];
+    s->users++;
+    s->tick = ++c->fd_tick;
+    *fd = s->fd;
+    if (id >= c->n_segs) c->n_segs = id + 1;
+  }
+  pthread_mutex_unlock(&c->st_lock);
+  return rc;
+}
+
+static void seg_release(kvt_cold *c, uint32_t id) {
+  pthread_mutex_lock(&c->st_lock);
+  if (c->segs[id].users) c->segs[id].users--;
+  if (c->fd_open > c->fd_max) fd_trim(c, c->fd_max);
+  pthread_mutex_unlock(&c->st_lock);
+}
+
+/* Why segment id cannot be read, in words, or NULL when it can be. */
+static const char *seg_trouble(kvt_cold *c, uint32_t id) {
+  pthread_mutex_lock(&c->st_lock);
+  int err = id < c->max_segs ? c->segs[id].err : 0;
+  pthread_mutex_unlock(&c->st_lock);
+  switch (err) {
+  case 0: return NULL;
+  case -ENOENT: return "is missing";
+  case -ELOOP: return "is a symbolic link";
+  case -EISDIR: return "is a directory";
+  case -EINVAL: return "is not a regular file";
+  case -EACCES: return "is not readable (permission denied)";
+  default: return "cannot be opened";
+  }
 }
 
 static int kvt_io_exists_seg(const kvt_cold *c, uint32_t id) {
@@ -311,10 +418,13 @@ static int segs_load(kvt_cold *c, MDB_txn *t) {
     seg *s = &c->segs[id];
     if (s->state == SEG_FREE && !kvt_io_exists_seg(c, id)) continue;
     rc = seg_open_file(c, id, 0);
-    if (rc) return rc;
-    uint64_t size;
-    rc = kvt_io_file_size(s->fd, &size);
-    if (rc) return rc;
+    if (transient(rc)) return rc;
+    uint64_t size = 0;
+    /* Missing or unusable: its entries are misses (kvt_cold_verify names
+     * it, and repairing frees it); never appended to again. */
+    if (rc && s->state == SEG_OPEN) s->state = SEG_FULL;
+    if (!rc) rc = kvt_io_file_size(s->fd, &size);
+    if (rc && rc != KVT_ECORRUPT) return rc;
     if (align4k(size) > s->used) s->used = align4k(size);
     if (s->state == SEG_OPEN && c->active < 0 && !c->cfg.rdonly) c->active = (int)id;
     else if (s->state == SEG_OPEN && !c->cfg.rdonly) /* sealed, the row not saved: */
@@ -350,6 +460,7 @@ static int open_dbs(kvt_cold *c) {
 static int open_env(kvt_cold *c) {
   char path[4200];
   snprintf(path, sizeof path, "%s/index", c->dir);
+  if (!c->cfg.rdonly && c->cfg.nocreate && !kvt_io_exists(path)) return -ENOENT; /* not a store */
   if (!c->cfg.rdonly) {
     int rc = kvt_io_mkdir(path);
     if (!rc) {
@@ -361,6 +472,12 @@ static int open_env(kvt_cold *c) {
   } else if (!kvt_io_exists(path)) {
     return -ENOENT;
   }
+  if (!c->cfg.rdonly) { /* LMDB writes its lock file through a mapping of a sparse file */
+    char lp[4300];
+    snprintf(lp, sizeof lp, "%s/lock.mdb", path);
+    int rc = kvt_io_prealloc(lp, LOCK_FILE_BYTES);
+    if (rc) return rc;
+  }
   int rc = mdb_err(mdb_env_create(&c->env));
   if (rc) return rc;
   mdb_env_set_maxdbs(c->env, 4);
@@ -370,6 +487,18 @@ static int open_env(kvt_cold *c) {
    * loss could keep the new meta page and lose the pages), and the meta page
    * is made durable by the mdb_env_sync(force) that follows every commit. */
   unsigned flags = MDB_NOTLS | MDB_NOMETASYNC | (c->cfg.rdonly ? MDB_RDONLY : 0);
+  char lp[4300];
+  snprintf(lp, sizeof lp, "%s/lock.mdb", path);
+  if (c->cfg.rdonly && kvt_io_exists(lp) && !kvt_io_writable(lp)) {
+    /* A reader that cannot register its snapshots in lock.mdb (another
+     * user's store, a read-only mount) would not stop a writer from
+     * reusing the pages it reads: it holds a shared lock on the store
+     * instead, so that no writer runs while it is open (KVT_ELOCKED
+     * while one does), and opens LMDB without its lock file. */
+    rc = kvt_io_dir_share(c->dir, &c->share_fd);
+    if (rc) return rc;
+    flags |= MDB_NOLOCK;
+  }
   rc = mdb_err(mdb_env_open(c->env, path, flags, 0644));
   if (!rc) {
     int stale;
@@ -404,7 +533,12 @@ int kvt_cold_open(kvt_mem *m, const kvt_cold_config *cfg, kvt_cold **out) {
   snprintf(c->dir, sizeof c->dir, "%s", cfg->dir);
   c->cfg.dir = c->dir;
   c->active = -1;
+  c->share_fd = -1;
   c->max_segs = MAX_SEGS;
+  /* A quarter of the descriptors the process may open (the rest are the
+   * caller's, LMDB's, the rings'), between 4 and 1024. */
+  uint64_t nofile = kvt_io_nofile_limit() / 4;
+  c->fd_max = nofile < 4 ? 4 : nofile > 1024 ? 1024 : (uint32_t)nofile;
   c->writer_waiting = 1; /* until the writer thread has something */
   pthread_mutex_init(&c->rd_lock, NULL);
   pthread_mutex_init(&c->st_lock, NULL);
@@ -451,12 +585,13 @@ void kvt_cold_close(kvt_cold *c) {
   committer_stop(c);
   reader_stop(c);
   evict_stop(c);
-  for (uint32_t i = 0; c->segs && i < c->n_segs; i++)
+  for (uint32_t i = 0; c->segs && i < c->max_segs; i++)
     if (c->segs[i].fd >= 0) kvt_io_close(c->wio ? c->wio : c->rio, c->segs[i].fd);
   if (c->env) {
     if (!c->cfg.rdonly) mdb_env_sync(c->env, 1);
     mdb_env_close(c->env);
   }
+  kvt_io_dir_close(c->share_fd);
   kvt_io_destroy(c->wio);
   kvt_io_destroy(c->sio);
   kvt_io_destroy(c->rio);
@@ -690,18 +825,19 @@ static int key_indexed(kvt_cold *c, MDB_txn *t, const kvt_key *k) {
 static uint64_t spare_segs(const kvt_cold *c) {
   uint64_t spare = 0, cap = c->cfg.bytes_limit / c->cfg.segment_bytes;
   if (cap > c->max_segs) cap = c->max_segs;
-  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].fd >= 0;
+  for (uint32_t id = 0; id < c->n_segs; id++) spare += c->segs[id].state == SEG_FREE && c->segs[id].have;
   return spare + (cap > c->n_segs ? cap - c->n_segs : 0);
 }
 
 /* A segment with room for len more bytes: the active one, else a free one
  * (its generation bumped: entries into its old life can no longer match),
  * else a new file while the limit allows, as long as `reserve` spare
- * segments are left. -1 when there is none. */
+ * segments are left. KVT_EFULL when there is none; -EMFILE and the like
+ * when a new file could not be opened now. */
 static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t *sealed,
                           size_t *n_sealed) {
   if (c->active >= 0 && c->segs[c->active].used + len <= c->cfg.segment_bytes) return c->active;
-  if (spare_segs(c) <= reserve) return -1; /* the active one keeps its room for smaller records */
+  if (spare_segs(c) <= reserve) return KVT_EFULL; /* the active one keeps its room for smaller records */
   if (c->active >= 0) {
     c->segs[c->active].state = SEG_FULL;
     sealed[(*n_sealed)++] = (uint32_t)c->active;
@@ -709,7 +845,8 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t 
   }
   for (uint32_t id = 0; id < c->n_segs; id++) {
     seg *s = &c->segs[id];
-    if (s->state != SEG_FREE || s->fd < 0) continue;
+    if (s->state != SEG_FREE) continue;
+    if (!s->have && seg_open_locked(c, id, 1)) continue; /* its file was lost: a new one */
     s->gen++;
     s->used = 0;
     s->live = 0;
@@ -717,10 +854,17 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t 
     return c->active = (int)id;
   }
   uint32_t id = c->n_segs;
-  if (seg_open_file(c, id, 1)) return -1;
+  c->n_segs++; /* first: the descriptor cache looks at segments below n_segs */
+  int rc = seg_open_locked(c, id, 1);
+  if (rc) {
+    c->n_segs--;
+    return rc == KVT_ECORRUPT ? KVT_EFULL : rc; /* something else is in its place */
+  }
   c->segdir_dirty = 1; /* its name is made durable before an entry points into it */
-  c->n_segs++;
-  c->segs[id] = (seg){.fd = c->segs[id].fd, .gen = 1, .state = SEG_OPEN};
+  seg *s = &c->segs[id];
+  s->gen = 1;
+  s->used = s->live = 0;
+  s->state = SEG_OPEN;
   return c->active = (int)id;
 }
 
@@ -855,6 +999,7 @@ typedef struct chunk {
   kvt_cold_slice **sl;
   uint32_t *touched;
   size_t np, n_touched;
+  size_t n_held;              /* touched[0..n_held) are held (seg_hold) until chunk_free */
   kvt_io_req *w;              /* the writes, from stage buffer `buf` */
   size_t nw;
   int buf;                    /* staging buffer held, or -1 */
@@ -879,8 +1024,9 @@ static void pending_less(kvt_cold *c, chunk *k) {
   k->bytes = 0;
 }
 
-static void chunk_free(chunk *k) {
+static void chunk_free(kvt_cold *c, chunk *k) {
   if (!k) return;
+  for (size_t i = 0; i < k->n_held; i++) seg_release(c, k->touched[i]);
   for (size_t i = 0; k->sl && i < k->np; i++) {
     free(k->sl[i]);
     free(k->pl[i].parts);
@@ -1029,7 +1175,7 @@ static void *committer_main(void *arg) {
     }
     if (k->settled && k->upto > k->from) k->settled(k->settled_arg, k->from, k->upto, k->rc);
     pthread_mutex_lock(&c->cq_lock);
-    chunk_free(k);
+    chunk_free(c, k);
     c->in_flight--;
     pthread_cond_broadcast(&c->cq_cv);
   }
@@ -1125,6 +1271,10 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       break;
     }
     int id = seg_for(c, max, vic ? 0 : 1, sealed, &n_sealed);
+    if (id < 0 && id != KVT_EFULL) {
+      rc = id;
+      break;
+    }
     if (id < 0) {
       pthread_mutex_lock(&c->st_lock);
       c->st.full_refusals += n - i;
@@ -1163,6 +1313,12 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
   if (rt) mdb_txn_abort(rt);
   for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
   free(sealed);
+  /* The descriptors the writer and committer use stay open until then. */
+  for (size_t j = 0; !rc && k && j < k->n_touched; j++) {
+    int fd;
+    rc = seg_hold(c, k->touched[j], &fd);
+    if (!rc) k->n_held++;
+  }
   /* One write per piece; pieces adjacent both in memory and on disk merge. */
   if (!rc && !(k->w = calloc(n_parts + 1, sizeof *k->w))) rc = -ENOMEM;
   for (size_t j = 0; !rc && j < np; j++) {
@@ -1186,7 +1342,7 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       k->buf = -1;
       pending_less(c, k);
     }
-    chunk_free(k);
+    chunk_free(c, k);
     pthread_mutex_lock(&c->cq_lock);
     c->stage_busy[buf] = 0;
     pthread_cond_broadcast(&c->cq_cv);
@@ -1420,30 +1576,21 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
   return i;
 }
 
-/* The descriptor of segment id. A reader beside a live writer opens the
- * segments the writer created after the reader's open when it first needs
- * them. -1 when there is no such file. */
-static int seg_fd(kvt_cold *c, uint32_t id) {
-  pthread_mutex_lock(&c->st_lock);
-  int fd = id < c->n_segs ? c->segs[id].fd : -1;
-  if (fd < 0 && c->cfg.rdonly && id < c->max_segs && seg_open_file(c, id, 0) == 0) {
-    fd = c->segs[id].fd;
-    if (id >= c->n_segs) c->n_segs = id + 1;
-  }
-  pthread_mutex_unlock(&c->st_lock);
-  return fd;
-}
-
 /* Read len bytes at off of segment id into a new aligned buffer. */
 static int read_range(kvt_cold *c, uint32_t id, uint64_t off, uint32_t len, uint8_t **out) {
-  int fd = seg_fd(c, id);
-  if (fd < 0) return KVT_ECORRUPT;
+  int fd;
+  int rc = seg_hold(c, id, &fd);
+  if (rc) return rc;
   uint8_t *buf = kvt_io_buf_alloc(len);
-  if (!buf) return -ENOMEM;
+  if (!buf) {
+    seg_release(c, id);
+    return -ENOMEM;
+  }
   kvt_io_req r = {.fd = fd, .op = KVT_IO_OP_READ, .buf = buf, .len = len, .off = off};
   pthread_mutex_lock(&c->rd_lock);
-  int rc = kvt_io_run(c->rio, &r, 1);
+  rc = kvt_io_run(c->rio, &r, 1);
   pthread_mutex_unlock(&c->rd_lock);
+  seg_release(c, id);
   if (rc) {
     kvt_io_buf_free(buf);
     return rc == -EIO && r.res >= 0 ? KVT_ECORRUPT : rc; /* short: past the end */
@@ -1757,6 +1904,68 @@ static int remove_keys(kvt_cold *c, const kvt_key *keys, size_t n, const kvt_key
   return rc;
 }
 
+/* Repair: segments whose file is missing or unusable, their entries
+ * removed, become free (a free segment without a file is never used
+ * again; one whose file is deleted can be appended to again once a new
+ * file can be made in its place). Durable. */
+static int segs_free_unusable(kvt_cold *c) {
+  MDB_txn *t = NULL;
+  int rc = 0;
+  for (uint32_t id = 0; !rc && id < c->n_segs; id++) {
+    pthread_mutex_lock(&c->st_lock);
+    seg *s = &c->segs[id];
+    int bad = s->err && !s->have && s->state != SEG_FREE && (int)id != c->active;
+    if (bad) {
+      if (c->st.live_bytes >= s->live) c->st.live_bytes -= s->live;
+      s->state = SEG_FREE;
+      s->live = 0;
+    }
+    pthread_mutex_unlock(&c->st_lock);
+    if (bad && !t) rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
+    if (bad && !rc) rc = seg_save(c, t, id);
+  }
+  if (!t) return rc;
+  if (rc) {
+    mdb_txn_abort(t);
+    return rc;
+  }
+  rc = mdb_err(mdb_txn_commit(t));
+  return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
+}
+
+static int same_place(const kvt_cold_entry *a, const kvt_cold_entry *b) {
+  return a->seg == b->seg && a->seg_gen == b->seg_gen && a->offset == b->offset;
+}
+
+/* A check of entry `seen` (from the scan's snapshot) failed. Beside a
+ * writer that reclaims segments, the snapshot may hold an entry the
+ * writer has since moved or removed, and whose place it has reused: look
+ * again in a new snapshot. Bad (KVT_ECORRUPT) only when the index still
+ * points where the check failed (a segment is reused only after the
+ * removal of every entry into it committed); 0 when it left the index or
+ * checks clean where it is now. */
+static int verify_recheck(kvt_cold *c, const kvt_cold_entry *seen, const verify_ns *ns,
+                          size_t n_ns, char *msg, size_t cap) {
+  kvt_cold_entry last = *seen;
+  for (int tries = 0; tries < 3; tries++) {
+    MDB_txn *t;
+    int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+    if (rc) return rc;
+    MDB_val k = {16, (void *)last.key.b}, v;
+    kvt_cold_entry cur;
+    int moved = 0;
+    rc = mdb_err(mdb_get(t, c->db_blocks, &k, &v));
+    if (!rc) rc = get_entry(&last.key, &v, &cur);
+    if (!rc && !same_place(&cur, &last)) moved = 1, rc = verify_entry(c, &cur, &v, ns, n_ns, msg, cap);
+    else if (!rc) rc = KVT_ECORRUPT;
+    mdb_txn_abort(t);
+    if (rc == KVT_ENOTFOUND) return 0; /* it left the index meanwhile */
+    if (rc != KVT_ECORRUPT || !moved) return rc;
+    last = cur; /* it moved, and failed where it is now: once more */
+  }
+  return 0; /* kept moving: the writer has it */
+}
+
 typedef struct verify_ctx {
   kvt_cold *c;
   void (*report)(void *, const kvt_key *, const char *);
@@ -1784,8 +1993,11 @@ static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt
   const char *why = e ? NULL : kvt_rec_entry_why(v->mv_data, v->mv_size);
   snprintf(x->msg, sizeof x->msg, "index entry malformed: %s", why ? why : "unreadable");
   int r = e ? verify_entry(x->c, e, v, x->ns, x->n_ns, x->msg, sizeof x->msg) : KVT_ECORRUPT;
-  if (r == -ENOMEM) return r;
+  if (r == KVT_ECORRUPT && e) r = verify_recheck(x->c, e, x->ns, x->n_ns, x->msg, sizeof x->msg);
+  if (r == -ENOMEM || transient(r)) return r;
   if (!r) return 0;
+  const char *trouble = e ? seg_trouble(x->c, e->seg) : NULL;
+  if (trouble) snprintf(x->msg, sizeof x->msg, "segment file segments/seg-%08u %s", e->seg, trouble);
   x->bad++;
   if (x->report) x->report(x->arg, key, x->msg);
   if (grow(&x->broken, &x->cap, x->n_broken, sizeof *x->broken)) return -ENOMEM;
@@ -1803,6 +2015,7 @@ int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
   *checked = x.checked;
   *bad = x.bad;
   if (!rc && repair && x.n_broken) rc = remove_keys(c, x.broken, x.n_broken, NULL, NULL);
+  if (!rc && repair) rc = segs_free_unusable(c);
   free(x.broken);
   free(x.ns);
   return rc;
@@ -1916,7 +2129,7 @@ static int victim_seg(kvt_cold *c) {
   pthread_mutex_lock(&c->st_lock); /* live changes under it (removals from any thread) */
   for (uint32_t id = 0; id < c->n_segs; id++) {
     const seg *s = &c->segs[id];
-    if (s->state != SEG_FULL || s->fd < 0 || (int)id == c->active) continue;
+    if (s->state != SEG_FULL || !s->have || (int)id == c->active) continue;
     if (best < 0 || s->live < c->segs[best].live) best = (int)id;
   }
   if (best < 0 && c->active >= 0 && c->segs[c->active].used > 0) best = c->active;
@@ -2239,9 +2452,10 @@ static int find_cached(kvt_cold *c, MDB_txn *t, last_entry *le, const kvt_key *k
 static int read_lookup(kvt_cold *c, MDB_txn *t, last_entry *le, kvt_cold_read *r, inflight *f) {
   int rc = find_cached(c, t, le, &r->key, &f->e, &f->s, r->layer);
   f->len = (uint32_t)align4k(f->s.stored_len);
-  f->fd = rc ? -1 : seg_fd(c, f->e.seg);
+  f->fd = -1;
   if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
-  if (!rc && (f->fd < 0 || f->s.rel_off + (uint64_t)f->len > f->e.rec_len)) rc = KVT_ECORRUPT;
+  if (!rc && f->s.rel_off + (uint64_t)f->len > f->e.rec_len) rc = KVT_ECORRUPT;
+  if (!rc) rc = seg_hold(c, f->e.seg, &f->fd); /* released by read_finish */
   if (rc) {
     if (rc == KVT_ECORRUPT) {
       pthread_mutex_lock(&c->st_lock);
@@ -2270,6 +2484,8 @@ static int span_joins(const span *sp, const inflight *f) {
 /* Check and decode one request its span read (res: what the read gave it). */
 static void read_finish(kvt_cold *c, ZSTD_DCtx *dz, inflight *f, int res) {
   kvt_cold_read *r = f->r;
+  seg_release(c, f->e.seg); /* the read is over */
+  f->fd = -1;
   const uint8_t *p = res ? NULL : f->sp->b.p + (f->off - f->sp->start);
   int rc = res;
   if (!rc && !slice_ok(p, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;

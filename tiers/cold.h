@@ -34,6 +34,7 @@ typedef struct kvt_cold_config {
   int zstd_level;
   kvt_io_config io;
   int evict_policy;            /* KVT_EVICT_*: order of kvt_cold_evict_for() */
+  int nocreate;                /* a writer too only opens a store that exists (index/) */
 } kvt_cold_config;
 
 #define KVT_COLD_CODEC_RAW 0

@@ -466,6 +466,9 @@ static int fsck_cannot(const fsck_run *r, const char *what, int rc)
     fprintf(stderr, "kvtier fsck: %s: the cold tier's index (%s/index) is damaged or missing; "
             "rebuild it from the segment files with: kvtier fsck --rebuild-index %s\n", what,
             r->dir, r->dir);
+  else if (rc == -ENOENT)
+    fprintf(stderr, "kvtier fsck: %s: %s: not a kvtier store (no index/); nothing to check%s\n",
+            what, kvt_strerror(rc), r->repair ? ", and --repair creates nothing" : "");
   else
     fprintf(stderr, "kvtier fsck: %s: %s\n", what, kvt_strerror(rc));
   cli_open_detail("fsck", rc);
