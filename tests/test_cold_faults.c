@@ -56,8 +56,12 @@ static char g_scn[256]; /* the scenario running, printed with any failure */
     }                                                                                          \
   } while (0)
 
+/* A layer's K+V is exactly 4 KiB (4 tokens x 2 heads x 128 x bf16, twice),
+ * so its slice has no padding: every byte a write carries is checked (the
+ * slice by its checksum, the header page by its checksum and its zero
+ * padding), and a flipped bit must always be found. */
 static kvt_shape shape(void) {
-  return (kvt_shape){.n_layers = L_MAX, .n_kv_heads = 2, .head_dim = 16, .dtype = KVT_BF16,
+  return (kvt_shape){.n_layers = L_MAX, .n_kv_heads = 2, .head_dim = 128, .dtype = KVT_BF16,
                      .block_tokens = 4};
 }
 
@@ -285,6 +289,8 @@ static void phase_check_writes(const char *dir, const scn *c, const world *w) {
   CHECK(kvt_fsck(e, 0, &fr, on_bad, &bad) == 0);
   CHECK(fr.bad == bad.n);
   if (c->count == 1) CHECK(bad.n <= 1); /* one faulted call, one record */
+  if (c->kind == K_FLIP && c->site == SITE_WRITE && c->after <= N_G) /* it landed: found */
+    CHECK(c->count == 1 ? bad.n == 1 : bad.n >= 1);
   uint32_t n_durable = 0, damaged = 0, missed_layers = 0;
   for (uint32_t g = 0; g < N_G; g++) n_durable += (uint32_t)w->durable[g];
   CHECK(fr.checked == n_durable);
@@ -588,6 +594,9 @@ static void overlap_run(uint32_t backend, uint32_t site, uint64_t after, uint64_
     }
   }
   if (after > 64) CHECK(failures == 0); /* the plan starts past the last call */
+  /* 48 blocks, each its own group: at least 48 writes and 48 syncs, so a
+   * plan from call 34 or earlier was reached and failed a group */
+  if (after <= 34) CHECK(failures > 0);
   kvt_stats st;
   tu_stats(e, &st);
   if (st.cold_write_failures) CHECK(failures > 0); /* reported, not lost */

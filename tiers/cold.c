@@ -1815,6 +1815,10 @@ static const char *header_mismatch(const uint8_t *h, const kvt_cold_entry *e, co
   if (memcmp(h + 56, e->ns_seed.b, 16)) return "namespace differs from the record's";
   if (memcmp(h + REC_FIXED, (const uint8_t *)v->mv_data + ENTRY_FIXED, tab - REC_FIXED))
     return "layer table differs from the record's";
+  /* the rest of the header page is zero as written: checked too, so that
+   * no byte of a record goes unchecked (a flipped bit anywhere is found) */
+  for (size_t i = tab + 8; i < hl; i++)
+    if (h[i]) return "record header padding is not zero";
   return NULL;
 }
 
