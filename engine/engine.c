@@ -26,7 +26,7 @@ void kvt_options_init(kvt_options *opt) {
   opt->max_load_reqs = 65536;
   opt->cold_segment_bytes = 64ull << 20;
   opt->cold_group_bytes = 16ull << 20;
-  opt->cold_index_bytes = 8ull << 30;
+  opt->cold_index_bytes = 0; /* from the cold limit: kvt_cold_map_bytes() */
   opt->cold_admit_min_seen = 1;
   opt->cold_compress = 0; /* measured: saves 4-6% under load, reads slower (bench cold) */
   opt->io_backend = KVT_BACKEND_AUTO;
@@ -91,8 +91,8 @@ static int options_check(const kvt_options *o, kvt_error_info *info) {
       return OPT_BAD("tier_bytes_limit[KVT_TIER_COLD]",
                      "at least two segments (2 * cold_segment_bytes)", "%llu",
                      (unsigned long long)o->tier_bytes_limit[KVT_TIER_COLD]);
-    if (o->cold_index_bytes < (1u << 20))
-      return OPT_BAD("cold_index_bytes", ">= 1 MiB", "%llu",
+    if (o->cold_index_bytes && o->cold_index_bytes < (1u << 20))
+      return OPT_BAD("cold_index_bytes", "0 (sized from the cold limit) or >= 1 MiB", "%llu",
                      (unsigned long long)o->cold_index_bytes);
   }
   if (o->test_fault.kind > 5) return OPT_BAD("test_fault.kind", "0..5", "%u", o->test_fault.kind);

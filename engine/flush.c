@@ -267,7 +267,9 @@ static void cold_config(const kvt_engine *e, const char *dir, kvt_cold_config *c
   const kvt_options *o = &e->opt;
   *c = (kvt_cold_config){.dir = dir, .rdonly = kvt_rdonly(e),
                          .bytes_limit = o->tier_bytes_limit[KVT_TIER_COLD],
-                         .segment_bytes = o->cold_segment_bytes, .map_bytes = o->cold_index_bytes,
+                         .segment_bytes = o->cold_segment_bytes,
+                         .map_bytes = o->cold_index_bytes ? o->cold_index_bytes
+                                      : kvt_cold_map_bytes(o->tier_bytes_limit[KVT_TIER_COLD]),
                          .group_bytes = o->cold_group_bytes,
                          .compress = (int)o->cold_compress, .zstd_level = 1};
   c->evict_policy = (int)o->cold_evict;

@@ -7,7 +7,7 @@
 #include "kvtier.h"
 #include "tiers/cold_scan.h"
 
-#define REBUILD_MAP_BYTES (8ull << 30) /* the default LMDB map size (kvt_options_init) */
+#define REBUILD_MAP_BYTES 0 /* sized from the segments found (kvt_cold_map_bytes) */
 
 int kvt_store_rebuild_index(const char *dir, uint64_t segment_bytes, kvt_rebuild_result *res,
                             void (*report)(void *arg, const char *what), void *arg) {

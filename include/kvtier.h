@@ -238,7 +238,8 @@ typedef struct kvt_options {
    * segment (docs/format.md, "Capacity"). */
   uint64_t cold_segment_bytes;    /**< one segment file; >= 1 MiB, multiple of 4 KiB (64 MiB) */
   uint64_t cold_group_bytes;      /**< records made durable together, at most (16 MiB) */
-  uint64_t cold_index_bytes;      /**< LMDB map size (8 GiB; sparse) */
+  uint64_t cold_index_bytes;      /**< LMDB map size of a writer; 0 (default): 1/16 of the
+                                       cold limit, at least 64 MiB (address space, sparse) */
   uint32_t cold_admit;            /**< KVT_ADMIT_ALL, or KVT_ADMIT_PROMPT: only token blocks
                                        appended as prompt (see kvt_seq_output()) */
   uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all);

@@ -481,7 +481,9 @@ static int open_env(kvt_cold *c) {
   int rc = mdb_err(mdb_env_create(&c->env));
   if (rc) return rc;
   mdb_env_set_maxdbs(c->env, 4);
-  mdb_env_set_mapsize(c->env, c->cfg.map_bytes);
+  /* A reader maps what the store's meta page records (the writer's map),
+   * so a writer's later commit never finds a reader's map too small. */
+  if (!c->cfg.rdonly) mdb_env_set_mapsize(c->env, c->cfg.map_bytes);
   /* MDB_NOMETASYNC, not MDB_NOSYNC: a commit fdatasyncs its pages before
    * it writes the meta page that points at them (with MDB_NOSYNC a power
    * loss could keep the new meta page and lose the pages), and the meta page
@@ -515,7 +517,7 @@ static int config_check(const kvt_cold_config *cfg) {
   if (!cfg->dir) return KVT_ENULL;
   if (cfg->segment_bytes < (1u << 20) || cfg->segment_bytes % KVT_IO_ALIGN) return KVT_EOPTION;
   if (cfg->bytes_limit / 2 < cfg->segment_bytes && !cfg->rdonly) return KVT_EOPTION; /* + a spare */
-  if (cfg->map_bytes < (1u << 20)) return KVT_EOPTION;
+  if (!cfg->rdonly && cfg->map_bytes < (1u << 20)) return KVT_EOPTION;
   if (cfg->group_bytes == 0 && !cfg->rdonly) return KVT_EOPTION;
   if (cfg->zstd_level < -5 || cfg->zstd_level > 19) return KVT_EOPTION;
   if (strlen(cfg->dir) >= 4000) return -ENAMETOOLONG;
@@ -2957,3 +2959,10 @@ void kvt_cold_seg_encode(uint8_t row[32], uint64_t gen, uint64_t used, uint64_t 
 }
 
 uint64_t kvt_cold_format_version(void) { return FORMAT_VERSION; }
+
+uint64_t kvt_cold_map_bytes(uint64_t cold_bytes) {
+  const uint64_t floor = 64ull << 20, mib = 1ull << 20;
+  uint64_t m = cold_bytes / 16;
+  if (m < floor) m = floor;
+  return m > UINT64_MAX - mib ? UINT64_MAX / mib * mib : (m + mib - 1) / mib * mib;
+}

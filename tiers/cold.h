@@ -28,7 +28,7 @@ typedef struct kvt_cold_config {
   int rdonly;
   uint64_t bytes_limit;        /* segment files may total at most this */
   uint64_t segment_bytes;      /* size of one segment file */
-  uint64_t map_bytes;          /* LMDB map size */
+  uint64_t map_bytes;          /* LMDB map size of a writer (a reader maps what the store records) */
   uint64_t group_bytes;        /* records synced and indexed together, at most */
   int compress;                /* 1: zstd on byte planes where it saves >= 1/16 */
   int zstd_level;
@@ -212,5 +212,12 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st);
  * the broken entries are removed. Returns 0 or -errno when it could not run. */
 int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
                     void (*report)(void *arg, const kvt_key *key, const char *what), void *arg);
+
+/* The LMDB map a cold tier of cold_bytes needs, with room to spare: one
+ * index entry (under 1.3% of the smallest record: a 4 KiB header and a
+ * 4 KiB slice a layer) a token block, B-tree pages half full, the segment
+ * table and namespaces; at least 64 MiB. A map is address space, not
+ * memory, but a fixed 8 GiB one failed every command under ulimit -v. */
+uint64_t kvt_cold_map_bytes(uint64_t cold_bytes);
 
 #endif

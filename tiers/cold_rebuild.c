@@ -561,6 +561,7 @@ static int rebuild_run(rebuild *r, uint64_t segment_bytes, uint64_t map_bytes) {
   snprintf(path, sizeof path, "%s/index.new", r->dir);
   rm_index_dir(path); /* left by a rebuild that did not finish */
   rc = kvt_io_mkdir(path);
+  if (!map_bytes) map_bytes = kvt_cold_map_bytes((uint64_t)(r->n_segs + 1) * r->res->segment_bytes);
   if (!rc) rc = write_index(r, path, r->res->segment_bytes, map_bytes);
   if (!rc) rc = swap_index(r, path);
   for (size_t i = 0; !rc && i < r->n_ns; i++) /* old index's namespaces get their copy */
