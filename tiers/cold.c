@@ -131,21 +131,7 @@ static void evict_stop(kvt_cold *c);
 static void evict_touch(kvt_cold *c, const kvt_key *key);
 static void evict_forget(kvt_cold *c, const kvt_key *key);
 
-/* ---------- little-endian helpers ---------- */
-
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << 8 * i;
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << 8 * i;
-  return v;
-}
-static uint64_t align4k(uint64_t n) { return (n + KVT_IO_ALIGN - 1) & ~(uint64_t)(KVT_IO_ALIGN - 1); }
+/* Little-endian fields: kvt_le_* in tiers/cold_record.h. */
 
 static int mdb_err(int rc) {
   if (rc == 0) return 0;
@@ -210,16 +196,16 @@ static int each_entry(kvt_cold *c, entry_fn fn, void *arg) {
 /* ---------- segment table ---------- */
 
 static void seg_row(const seg *s, uint8_t row[32]) {
-  put64(row, s->gen);
-  put64(row + 8, s->used);
-  put64(row + 16, s->live);
-  put32(row + 24, s->state);
-  put32(row + 28, 0);
+  kvt_le_put64(row, s->gen);
+  kvt_le_put64(row + 8, s->used);
+  kvt_le_put64(row + 16, s->live);
+  kvt_le_put32(row + 24, s->state);
+  kvt_le_put32(row + 28, 0);
 }
 
 static int seg_save(kvt_cold *c, MDB_txn *t, uint32_t id) {
   uint8_t k[4], row[32];
-  put32(k, id);
+  kvt_le_put32(k, id);
   pthread_mutex_lock(&c->st_lock);
   seg_row(&c->segs[id], row);
   pthread_mutex_unlock(&c->st_lock);
@@ -356,13 +342,13 @@ static int meta_get64(kvt_cold *c, MDB_txn *t, const char *name, uint64_t *v) {
   int rc = mdb_get(t, c->db_meta, &key, &val);
   if (rc) return mdb_err(rc);
   if (val.mv_size != 8) return KVT_ECORRUPT;
-  *v = get64(val.mv_data);
+  *v = kvt_le_get64(val.mv_data);
   return 0;
 }
 
 static int meta_put64(kvt_cold *c, MDB_txn *t, const char *name, uint64_t v) {
   uint8_t b[8];
-  put64(b, v);
+  kvt_le_put64(b, v);
   MDB_val key = {strlen(name), (void *)name}, val = {8, b};
   return mdb_err(mdb_put(t, c->db_meta, &key, &val, 0));
 }
@@ -399,17 +385,17 @@ static int segs_load(kvt_cold *c, MDB_txn *t) {
       rc = KVT_ECORRUPT;
       break;
     }
-    uint32_t id = get32(k.mv_data);
+    uint32_t id = kvt_le_get32(k.mv_data);
     if (id >= c->max_segs) {
       rc = KVT_ECORRUPT;
       break;
     }
     const uint8_t *r = v.mv_data;
     seg *s = &c->segs[id];
-    s->gen = get64(r);
-    s->used = get64(r + 8);
-    s->live = get64(r + 16);
-    s->state = get32(r + 24);
+    s->gen = kvt_le_get64(r);
+    s->used = kvt_le_get64(r + 8);
+    s->live = kvt_le_get64(r + 16);
+    s->state = kvt_le_get32(r + 24);
     if (id >= c->n_segs) c->n_segs = id + 1;
   }
   mdb_cursor_close(cur);
@@ -425,7 +411,7 @@ static int segs_load(kvt_cold *c, MDB_txn *t) {
     if (rc && s->state == SEG_OPEN) s->state = SEG_FULL;
     if (!rc) rc = kvt_io_file_size(s->fd, &size);
     if (rc && rc != KVT_ECORRUPT) return rc;
-    if (align4k(size) > s->used) s->used = align4k(size);
+    if (kvt_align4k(size) > s->used) s->used = kvt_align4k(size);
     if (s->state == SEG_OPEN && c->active < 0 && !c->cfg.rdonly) c->active = (int)id;
     else if (s->state == SEG_OPEN && !c->cfg.rdonly) /* sealed, the row not saved: */
       s->state = SEG_FULL;                            /* reclaimable, not stranded */
@@ -674,7 +660,7 @@ static uint32_t planes_overhead(uint32_t esize) { return kvt_rec_planes_overhead
  * that before the choice is made (STAGE_SLACK). */
 static uint64_t slice_max(uint32_t bytes_each) {
   uint64_t raw = 2 * (uint64_t)bytes_each, oh = planes_overhead(8);
-  return align4k(raw >= 16 * oh ? raw : raw + oh);
+  return kvt_align4k(raw >= 16 * oh ? raw : raw + oh);
 }
 #define STAGE_SLACK 4096u
 
@@ -685,7 +671,7 @@ uint64_t kvt_cold_record_max(uint32_t n_layers, uint32_t bytes_each) {
 /* Grow a writer buffer; its bytes are counted like every other. */
 static int ensure(kvt_cold *c, uint8_t **buf, size_t *cap, size_t need) {
   if (*cap >= need) return 0;
-  size_t n = align4k(need + need / 2);
+  size_t n = kvt_align4k(need + need / 2);
   void *p = kvt_io_buf_alloc(n);
   if (!p) return -ENOMEM;
   kvt_io_buf_free(*buf);
@@ -731,8 +717,8 @@ static size_t build_payload(kvt_cold *c, const uint8_t *raw, size_t raw_len, uin
     return raw_len;
   }
   size_t n = raw_len / esize, off = planes_overhead(esize), saved = 0;
-  put32(dst, esize);
-  put32(dst + 4, (uint32_t)n);
+  kvt_le_put32(dst, esize);
+  kvt_le_put32(dst + 4, (uint32_t)n);
   for (uint32_t p = 0; p < esize; p++) {
     uint8_t *pl = c->plane;
     plane_split(raw, n, esize, p, pl);
@@ -745,13 +731,13 @@ static size_t build_payload(kvt_cold *c, const uint8_t *raw, size_t raw_len, uin
     }
     uint8_t *ph = dst + 8 + 8 * p;
     if (z) {
-      put32(ph, (uint32_t)z);
+      kvt_le_put32(ph, (uint32_t)z);
       ph[4] = 1;
       saved += n - z;
     } else {
       memcpy(dst + off, pl, n);
       z = n;
-      put32(ph, (uint32_t)n);
+      kvt_le_put32(ph, (uint32_t)n);
       ph[4] = 0;
     }
     ph[5] = ph[6] = ph[7] = 0;
@@ -772,8 +758,8 @@ static size_t build_payload(kvt_cold *c, const uint8_t *raw, size_t raw_len, uin
 static uint64_t slice_seed(const kvt_key *key, uint32_t layer, uint64_t gen) {
   uint8_t b[28];
   memcpy(b, key->b, 16);
-  put32(b + 16, layer);
-  put64(b + 20, gen);
+  kvt_le_put32(b + 16, layer);
+  kvt_le_put64(b + 20, gen);
   return XXH3_64bits(b, sizeof b);
 }
 
@@ -799,14 +785,14 @@ static uint32_t build_record(kvt_cold *c, const kvt_cold_rec *r, uint64_t gen, u
   for (uint32_t l = 0; l < r->n_layers; l++) {
     uint8_t codec, *h = dst + st;
     size_t stored = build_payload(c, r->layers[l], raw, esize, h, &codec);
-    memset(h + stored, 0, align4k(stored) - stored);
-    parts[l + 1] = (part){h, (uint32_t)align4k(stored)};
-    st += align4k(stored);
+    memset(h + stored, 0, kvt_align4k(stored) - stored);
+    parts[l + 1] = (part){h, (uint32_t)kvt_align4k(stored)};
+    st += kvt_align4k(stored);
     sl[l] = (kvt_cold_slice){.rel_off = off, .stored_len = (uint32_t)stored, .raw_len = raw,
                              .codec = codec,
                              .checksum = kvt_hash64(parts[l + 1].buf, stored,
                                                     slice_seed(&r->key, l, gen))};
-    off += (uint32_t)align4k(stored);
+    off += (uint32_t)kvt_align4k(stored);
   }
   *e = (kvt_cold_entry){.seg_gen = gen, .rec_len = off, .n_layers = r->n_layers,
                         .dtype = r->dtype, .bytes_each = r->bytes_each, .pos = r->pos,
@@ -1677,7 +1663,7 @@ static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void
   mdb_txn_abort(t);
   if (rc && rc != KVT_ECORRUPT) return rc; /* an entry that does not parse: bad, below */
   if (!rc && bytes_each != e.bytes_each) return KVT_EBUFSIZE;
-  uint32_t len = (uint32_t)align4k(s.stored_len);
+  uint32_t len = (uint32_t)kvt_align4k(s.stored_len);
   uint8_t *buf = NULL;
   if (rc || s.rel_off + (uint64_t)len > e.rec_len) rc = KVT_ECORRUPT;
   else rc = read_range(c, e.seg, e.offset + s.rel_off, len, &buf);
@@ -1804,15 +1790,15 @@ typedef struct verify_ns {
 static const char *header_mismatch(const uint8_t *h, const kvt_cold_entry *e, const MDB_val *v) {
   uint32_t hl = header_len(e->n_layers);
   size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * e->n_layers;
-  if (memcmp(h, REC_MAGIC, 8) || get32(h + 8) != hl || get64(h + tab) != XXH3_64bits(h, tab))
+  if (memcmp(h, REC_MAGIC, 8) || kvt_le_get32(h + 8) != hl || kvt_le_get64(h + tab) != XXH3_64bits(h, tab))
     return "no intact record header there";
   if (memcmp(h + 24, e->key.b, 16)) return "the record there is another block's";
-  if (get64(h + 16) != e->seg_gen) return "segment generation differs from the record's";
-  if (get32(h + 12) != e->rec_len) return "record length differs from the record's";
-  if (get32(h + 76) != e->n_layers) return "n_layers differs from the record's";
-  if (get32(h + 80) != e->dtype) return "dtype differs from the record's";
-  if (get32(h + 84) != e->bytes_each) return "bytes_each differs from the record's";
-  if (get32(h + 72) != e->pos) return "chain position differs from the record's";
+  if (kvt_le_get64(h + 16) != e->seg_gen) return "segment generation differs from the record's";
+  if (kvt_le_get32(h + 12) != e->rec_len) return "record length differs from the record's";
+  if (kvt_le_get32(h + 76) != e->n_layers) return "n_layers differs from the record's";
+  if (kvt_le_get32(h + 80) != e->dtype) return "dtype differs from the record's";
+  if (kvt_le_get32(h + 84) != e->bytes_each) return "bytes_each differs from the record's";
+  if (kvt_le_get32(h + 72) != e->pos) return "chain position differs from the record's";
   if (memcmp(h + 40, e->parent.b, 16)) return "parent key differs from the record's";
   if (memcmp(h + 56, e->ns_seed.b, 16)) return "namespace differs from the record's";
   if (memcmp(h + REC_FIXED, (const uint8_t *)v->mv_data + ENTRY_FIXED, tab - REC_FIXED))
@@ -1866,7 +1852,7 @@ static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v,
   for (uint32_t l = 0; l < e->n_layers; l++) {
     kvt_cold_slice s;
     get_slice(entry_slice(v, l), &s);
-    uint32_t len = (uint32_t)align4k(s.stored_len);
+    uint32_t len = (uint32_t)kvt_align4k(s.stored_len);
     why = NULL;
     if (s.raw_len != 2 * (uint64_t)e->bytes_each || s.codec > KVT_COLD_CODEC_PLANES ||
         s.rel_off < hl || s.rel_off % KVT_IO_ALIGN || s.rel_off + (uint64_t)len > e->rec_len)
@@ -2457,7 +2443,7 @@ static int find_cached(kvt_cold *c, MDB_txn *t, last_entry *le, const kvt_key *k
 /* Look a request up; 1 when it is to be read, else completed at once. */
 static int read_lookup(kvt_cold *c, MDB_txn *t, last_entry *le, kvt_cold_read *r, inflight *f) {
   int rc = find_cached(c, t, le, &r->key, &f->e, &f->s, r->layer);
-  f->len = (uint32_t)align4k(f->s.stored_len);
+  f->len = (uint32_t)kvt_align4k(f->s.stored_len);
   f->fd = -1;
   if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
   if (!rc && f->s.rel_off + (uint64_t)f->len > f->e.rec_len) rc = KVT_ECORRUPT;
@@ -2915,29 +2901,29 @@ uint32_t kvt_cold_header_len(uint32_t n_layers) { return header_len(n_layers); }
 
 int kvt_cold_header_parse(const uint8_t *h, size_t avail, kvt_cold_entry *e) {
   if (avail < REC_FIXED || memcmp(h, REC_MAGIC, 8)) return KVT_ECORRUPT;
-  uint32_t n_layers = get32(h + 76);
+  uint32_t n_layers = kvt_le_get32(h + 76);
   if (n_layers == 0 || n_layers > KVT_MAX_LAYERS) return KVT_ECORRUPT;
   uint32_t hl = header_len(n_layers);
   size_t tab = REC_FIXED + (size_t)SLICE_ENTRY * n_layers;
-  if (get32(h + 8) != hl || avail < hl || get64(h + tab) != XXH3_64bits(h, tab))
+  if (kvt_le_get32(h + 8) != hl || avail < hl || kvt_le_get64(h + tab) != XXH3_64bits(h, tab))
     return KVT_ECORRUPT;
-  e->rec_len = get32(h + 12);
+  e->rec_len = kvt_le_get32(h + 12);
   if (e->rec_len < hl || e->rec_len % KVT_IO_ALIGN) return KVT_ECORRUPT;
-  e->seg_gen = get64(h + 16);
+  e->seg_gen = kvt_le_get64(h + 16);
   memcpy(e->key.b, h + 24, 16);
   memcpy(e->parent.b, h + 40, 16);
   memcpy(e->ns_seed.b, h + 56, 16);
-  e->pos = get32(h + 72);
+  e->pos = kvt_le_get32(h + 72);
   e->n_layers = n_layers;
-  e->dtype = get32(h + 80);
-  e->bytes_each = get32(h + 84);
+  e->dtype = kvt_le_get32(h + 80);
+  e->bytes_each = kvt_le_get32(h + 84);
   return 0;
 }
 
 int kvt_cold_record_slice_ok(const uint8_t *rec, const kvt_cold_entry *e, uint32_t layer) {
   kvt_cold_slice s;
   get_slice(rec + REC_FIXED + (size_t)SLICE_ENTRY * layer, &s);
-  uint64_t len = align4k(s.stored_len);
+  uint64_t len = kvt_align4k(s.stored_len);
   if (s.rel_off < header_len(e->n_layers) || s.rel_off % KVT_IO_ALIGN ||
       s.rel_off + len > e->rec_len || s.raw_len != 2 * (uint64_t)e->bytes_each ||
       s.codec > KVT_COLD_CODEC_PLANES)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "io/io.h"
+#include "tiers/cold_record.h"
 #include "tiers/cold_scan.h"
 
 #define NS_DIR "namespaces"
@@ -21,25 +22,13 @@
 #define TXN_BLOCKS 65536u        /* entries per write transaction of the new index */
 #define OLD_INDEX_MAX 1000       /* index.old-1 .. index.old-999 */
 
-static uint32_t rd32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void wr64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
-}
-static uint64_t rd64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << 8 * i;
-  return v;
-}
-
 /* ---------- namespace copies ---------- */
 
 int kvt_cold_ns_shape(const uint8_t *enc, size_t len, kvt_shape *out) {
   if (len < 8 + 20 || memcmp(enc, "KVTNS001", 8)) return KVT_ECORRUPT;
   const uint8_t *t = enc + len - 20; /* the shape ends every encoding */
-  *out = (kvt_shape){.n_layers = rd32(t), .n_kv_heads = rd32(t + 4), .head_dim = rd32(t + 8),
-                     .dtype = rd32(t + 12), .block_tokens = rd32(t + 16)};
+  *out = (kvt_shape){.n_layers = kvt_le_get32(t), .n_kv_heads = kvt_le_get32(t + 4), .head_dim = kvt_le_get32(t + 8),
+                     .dtype = kvt_le_get32(t + 12), .block_tokens = kvt_le_get32(t + 16)};
   if (!out->n_layers || out->n_layers > KVT_MAX_LAYERS || !kvt_shape_block_bytes(out))
     return KVT_ECORRUPT;
   return 0;
@@ -248,7 +237,7 @@ static int old_index_read(rebuild *r) {
   if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &t);
   if (!rc && !mdb_dbi_open(t, "meta", 0, &meta)) {
     MDB_val k = {13, (void *)"segment_bytes"}, v;
-    if (!mdb_get(t, meta, &k, &v) && v.mv_size == 8) r->old_segment_bytes = rd64(v.mv_data);
+    if (!mdb_get(t, meta, &k, &v) && v.mv_size == 8) r->old_segment_bytes = kvt_le_get64(v.mv_data);
   }
   if (!rc) rc = mdb_dbi_open(t, "ns", 0, &ns);
   if (!rc) rc = mdb_cursor_open(t, ns, &cur);
@@ -289,9 +278,9 @@ static int scan_record(rebuild *r, int fd, segfile *sf, uint64_t off, const uint
                        size_t avail) {
   kvt_cold_entry e = {0};
   uint8_t *tmp = NULL;
-  if (avail >= 88 && kvt_cold_header_len(rd32(hdr + 76)) > avail && rd32(hdr + 76) &&
-      rd32(hdr + 76) <= KVT_MAX_LAYERS) { /* a header longer than the window's rest */
-    uint32_t hl = kvt_cold_header_len(rd32(hdr + 76));
+  if (avail >= 88 && kvt_cold_header_len(kvt_le_get32(hdr + 76)) > avail && kvt_le_get32(hdr + 76) &&
+      kvt_le_get32(hdr + 76) <= KVT_MAX_LAYERS) { /* a header longer than the window's rest */
+    uint32_t hl = kvt_cold_header_len(kvt_le_get32(hdr + 76));
     if (off + hl > sf->size) return -1;
     if (!(tmp = kvt_io_buf_alloc(hl))) return -ENOMEM;
     if (read_at(r, fd, tmp, off, hl)) {
@@ -438,7 +427,7 @@ static void choose(rebuild *r) {
 
 static int put_u64(MDB_txn *t, MDB_dbi db, const char *name, uint64_t v) {
   uint8_t b[8];
-  wr64(b, v);
+  kvt_le_put64(b, v);
   MDB_val k = {strlen(name), (void *)name}, val = {8, b};
   return mdb_put(t, db, &k, &val, 0);
 }

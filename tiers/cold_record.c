@@ -11,66 +11,52 @@
 #include "io/io.h"
 #include "tiers/cold_record.h"
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i); }
-static uint32_t get32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << 8 * i;
-  return v;
-}
-static uint64_t get64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << 8 * i;
-  return v;
-}
-static uint64_t align4k(uint64_t n) { return (n + KVT_IO_ALIGN - 1) & ~(uint64_t)(KVT_IO_ALIGN - 1); }
-
 size_t kvt_rec_entry_len(uint32_t n_layers) {
   return KVT_REC_ENTRY_FIXED + (size_t)KVT_REC_SLICE * n_layers;
 }
 
 uint32_t kvt_rec_header_len(uint32_t n_layers) {
-  return (uint32_t)align4k(KVT_REC_FIXED + (uint64_t)KVT_REC_SLICE * n_layers + 8);
+  return (uint32_t)kvt_align4k(KVT_REC_FIXED + (uint64_t)KVT_REC_SLICE * n_layers + 8);
 }
 
 uint32_t kvt_rec_planes_overhead(uint32_t esize) { return 8 + 8 * esize; }
 
 void kvt_rec_slice_put(uint8_t *p, const kvt_cold_slice *s) {
-  put32(p, s->rel_off);
-  put32(p + 4, s->stored_len);
-  put32(p + 8, s->raw_len);
+  kvt_le_put32(p, s->rel_off);
+  kvt_le_put32(p + 4, s->stored_len);
+  kvt_le_put32(p + 8, s->raw_len);
   p[12] = s->codec;
   p[13] = p[14] = p[15] = 0;
-  put64(p + 16, s->checksum);
+  kvt_le_put64(p + 16, s->checksum);
 }
 
 void kvt_rec_slice_get(const uint8_t *p, kvt_cold_slice *s) {
-  s->rel_off = get32(p);
-  s->stored_len = get32(p + 4);
-  s->raw_len = get32(p + 8);
+  s->rel_off = kvt_le_get32(p);
+  s->stored_len = kvt_le_get32(p + 4);
+  s->raw_len = kvt_le_get32(p + 8);
   s->codec = p[12];
-  s->checksum = get64(p + 16);
+  s->checksum = kvt_le_get64(p + 16);
 }
 
 void kvt_rec_entry_put(uint8_t *p, const kvt_cold_entry *e) {
-  put32(p, KVT_REC_FORMAT);
-  put32(p + 4, e->seg);
-  put64(p + 8, e->seg_gen);
-  put64(p + 16, e->offset);
-  put32(p + 24, e->rec_len);
-  put32(p + 28, e->n_layers);
-  put32(p + 32, e->dtype);
-  put32(p + 36, e->bytes_each);
+  kvt_le_put32(p, KVT_REC_FORMAT);
+  kvt_le_put32(p + 4, e->seg);
+  kvt_le_put64(p + 8, e->seg_gen);
+  kvt_le_put64(p + 16, e->offset);
+  kvt_le_put32(p + 24, e->rec_len);
+  kvt_le_put32(p + 28, e->n_layers);
+  kvt_le_put32(p + 32, e->dtype);
+  kvt_le_put32(p + 36, e->bytes_each);
   memcpy(p + 40, e->parent.b, 16);
-  put32(p + 56, e->pos);
-  put32(p + 60, 0);
+  kvt_le_put32(p + 56, e->pos);
+  kvt_le_put32(p + 60, 0);
   memcpy(p + 64, e->ns_seed.b, 16);
 }
 
 int kvt_rec_slice_check(const kvt_cold_entry *e, const kvt_cold_slice *s) {
   uint32_t esize = (uint32_t)kvt_dtype_size(e->dtype);
   if (s->rel_off % KVT_IO_ALIGN || s->rel_off < kvt_rec_header_len(e->n_layers) ||
-      s->rel_off + align4k(s->stored_len) > e->rec_len || s->raw_len != 2 * (uint64_t)e->bytes_each)
+      s->rel_off + kvt_align4k(s->stored_len) > e->rec_len || s->raw_len != 2 * (uint64_t)e->bytes_each)
     return 0;
   if (s->codec == KVT_COLD_CODEC_RAW) return s->stored_len == s->raw_len;
   return s->codec == KVT_COLD_CODEC_PLANES && esize >= 2 &&
@@ -95,12 +81,12 @@ static int record_check(const kvt_cold_entry *e, const uint8_t *tab) {
 /* Why kvt_rec_entry_get refuses the len bytes at p: the first check that
  * fails, named by its field, for fsck to report; NULL when it would not. */
 const char *kvt_rec_entry_why(const uint8_t *p, size_t len) {
-  if (len < KVT_REC_ENTRY_FIXED || get32(p) != KVT_REC_FORMAT) return "format version or length";
+  if (len < KVT_REC_ENTRY_FIXED || kvt_le_get32(p) != KVT_REC_FORMAT) return "format version or length";
   kvt_cold_entry e;
   kvt_key k = {{0}};
   if (kvt_rec_entry_get(&k, p, len, &e) == 0) return NULL;
-  uint32_t n = get32(p + 28), dtype = get32(p + 32), each = get32(p + 36);
-  uint64_t off = get64(p + 16), rec_len = get32(p + 24);
+  uint32_t n = kvt_le_get32(p + 28), dtype = kvt_le_get32(p + 32), each = kvt_le_get32(p + 36);
+  uint64_t off = kvt_le_get64(p + 16), rec_len = kvt_le_get32(p + 24);
   if (n == 0 || n > KVT_MAX_LAYERS || len != kvt_rec_entry_len(n)) return "n_layers or length";
   if (p[60] | p[61] | p[62] | p[63]) return "reserved bytes not zero";
   if (kvt_dtype_size(dtype) == 0) return "dtype unknown";
@@ -124,17 +110,17 @@ static int all_zero(const uint8_t *p, size_t n) {
 }
 
 int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold_entry *e) {
-  if (len < KVT_REC_ENTRY_FIXED || get32(p) != KVT_REC_FORMAT) return KVT_ECORRUPT;
+  if (len < KVT_REC_ENTRY_FIXED || kvt_le_get32(p) != KVT_REC_FORMAT) return KVT_ECORRUPT;
   e->key = *key;
-  e->seg = get32(p + 4);
-  e->seg_gen = get64(p + 8);
-  e->offset = get64(p + 16);
-  e->rec_len = get32(p + 24);
-  e->n_layers = get32(p + 28);
-  e->dtype = get32(p + 32);
-  e->bytes_each = get32(p + 36);
+  e->seg = kvt_le_get32(p + 4);
+  e->seg_gen = kvt_le_get64(p + 8);
+  e->offset = kvt_le_get64(p + 16);
+  e->rec_len = kvt_le_get32(p + 24);
+  e->n_layers = kvt_le_get32(p + 28);
+  e->dtype = kvt_le_get32(p + 32);
+  e->bytes_each = kvt_le_get32(p + 36);
   memcpy(e->parent.b, p + 40, 16);
-  e->pos = get32(p + 56);
+  e->pos = kvt_le_get32(p + 56);
   memcpy(e->ns_seed.b, p + 64, 16);
   if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || len != kvt_rec_entry_len(e->n_layers) ||
       !all_zero(p + 60, 4))
@@ -146,31 +132,31 @@ void kvt_rec_header_put(uint8_t *dst, const kvt_cold_entry *e, const kvt_cold_sl
   uint32_t hl = kvt_rec_header_len(e->n_layers);
   memset(dst, 0, hl);
   memcpy(dst, KVT_REC_MAGIC, 8);
-  put32(dst + 8, hl);
-  put32(dst + 12, e->rec_len);
-  put64(dst + 16, e->seg_gen);
+  kvt_le_put32(dst + 8, hl);
+  kvt_le_put32(dst + 12, e->rec_len);
+  kvt_le_put64(dst + 16, e->seg_gen);
   memcpy(dst + 24, e->key.b, 16);
   memcpy(dst + 40, e->parent.b, 16);
   memcpy(dst + 56, e->ns_seed.b, 16);
-  put32(dst + 72, e->pos);
-  put32(dst + 76, e->n_layers);
-  put32(dst + 80, e->dtype);
-  put32(dst + 84, e->bytes_each);
+  kvt_le_put32(dst + 72, e->pos);
+  kvt_le_put32(dst + 76, e->n_layers);
+  kvt_le_put32(dst + 80, e->dtype);
+  kvt_le_put32(dst + 84, e->bytes_each);
   for (uint32_t l = 0; l < e->n_layers; l++)
     kvt_rec_slice_put(dst + KVT_REC_FIXED + KVT_REC_SLICE * l, &sl[l]);
   size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * e->n_layers;
-  put64(dst + tab, XXH3_64bits(dst, tab));
+  kvt_le_put64(dst + tab, XXH3_64bits(dst, tab));
 }
 
 int kvt_rec_header_get(const uint8_t *h, size_t len, kvt_cold_entry *e, kvt_cold_slice *sl) {
   if (len < KVT_REC_FIXED || memcmp(h, KVT_REC_MAGIC, 8)) return KVT_ECORRUPT;
-  uint32_t n = get32(h + 76), hl = get32(h + 8);
+  uint32_t n = kvt_le_get32(h + 76), hl = kvt_le_get32(h + 8);
   if (n == 0 || n > KVT_MAX_LAYERS || hl != kvt_rec_header_len(n) || len < hl) return KVT_ECORRUPT;
   size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * n;
-  if (get64(h + tab) != XXH3_64bits(h, tab) || !all_zero(h + tab + 8, hl - tab - 8))
+  if (kvt_le_get64(h + tab) != XXH3_64bits(h, tab) || !all_zero(h + tab + 8, hl - tab - 8))
     return KVT_ECORRUPT;
-  *e = (kvt_cold_entry){.rec_len = get32(h + 12), .seg_gen = get64(h + 16), .pos = get32(h + 72),
-                        .n_layers = n, .dtype = get32(h + 80), .bytes_each = get32(h + 84)};
+  *e = (kvt_cold_entry){.rec_len = kvt_le_get32(h + 12), .seg_gen = kvt_le_get64(h + 16), .pos = kvt_le_get32(h + 72),
+                        .n_layers = n, .dtype = kvt_le_get32(h + 80), .bytes_each = kvt_le_get32(h + 84)};
   memcpy(e->key.b, h + 24, 16);
   memcpy(e->parent.b, h + 40, 16);
   memcpy(e->ns_seed.b, h + 56, 16);
@@ -210,15 +196,15 @@ int kvt_rec_payload_decode(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice
     return 0;
   }
   if (s->codec != KVT_COLD_CODEC_PLANES || esize == 0 ||
-      s->stored_len < kvt_rec_planes_overhead(esize) || get32(p) != esize ||
-      (uint64_t)get32(p + 4) * esize != s->raw_len || each % esize)
+      s->stored_len < kvt_rec_planes_overhead(esize) || kvt_le_get32(p) != esize ||
+      (uint64_t)kvt_le_get32(p + 4) * esize != s->raw_len || each % esize)
     return KVT_ECORRUPT;
-  size_t n = get32(p + 4), off = kvt_rec_planes_overhead(esize);
+  size_t n = kvt_le_get32(p + 4), off = kvt_rec_planes_overhead(esize);
   uint8_t *planes = malloc(esize == 2 ? 2 * n + 1 : n + 1); /* f16: both planes, joined at once */
   int rc = planes ? 0 : -ENOMEM;
   for (uint32_t pi = 0; !rc && pi < esize; pi++) {
     const uint8_t *ph = p + 8 + 8 * pi;
-    size_t len = get32(ph);
+    size_t len = kvt_le_get32(ph);
     uint8_t *plane = esize == 2 ? planes + pi * n : planes;
     if (off + len > s->stored_len || ph[4] > 1 || (ph[4] == 0 && len != n)) {
       rc = KVT_ECORRUPT;

@@ -18,6 +18,28 @@
 #define KVT_REC_SLICE 24u        /* one slice in an entry or header table */
 #define KVT_REC_ENTRY_FIXED 80u  /* block entry before its slice table */
 
+/* Little-endian fields and the 4 KiB grid, for every reader and writer of
+ * these formats (cold.c, cold_record.c, cold_rebuild.c). */
+static inline void kvt_le_put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static inline void kvt_le_put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+static inline uint32_t kvt_le_get32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << 8 * i;
+  return v;
+}
+static inline uint64_t kvt_le_get64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << 8 * i;
+  return v;
+}
+static inline uint64_t kvt_align4k(uint64_t n) {
+  return (n + KVT_IO_ALIGN - 1) & ~(uint64_t)(KVT_IO_ALIGN - 1);
+}
+
 /* Bytes of a block entry with n_layers slices. */
 size_t kvt_rec_entry_len(uint32_t n_layers);
 /* Bytes of a record header (4096-aligned) with n_layers slices. */
