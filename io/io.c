@@ -338,6 +338,14 @@ int kvt_io_file_size(int fd, uint64_t *size) {
   return 0;
 }
 
+int kvt_io_path_size(const char *path, uint64_t *size) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return -errno;
+  if (!S_ISREG(st.st_mode)) return -EINVAL;
+  *size = (uint64_t)st.st_size;
+  return 0;
+}
+
 int kvt_io_truncate(int fd, uint64_t size) {
   int rc;
   do rc = ftruncate(fd, (off_t)size);

@@ -30,8 +30,9 @@ void kvt_io_dir_close(int lock_fd);
 int kvt_io_lock_owner(const char *dir);
 /* A shared flock() on dir: no writer can start while it is held. 0 or
  * KVT_ELOCKED (a writer holds the store) or -errno; release with
- * kvt_io_dir_close(). */
+ * kvt_io_dir_unshare(). */
 int kvt_io_dir_share(const char *dir, int *lock_fd);
+void kvt_io_dir_unshare(int lock_fd);
 
 /* ---- backends ---- */
 
@@ -153,6 +154,7 @@ int kvt_io_mkdir(const char *path);               /* 0 also when it exists */
 int kvt_io_unlink(const char *path);              /* 0 also when missing */
 int kvt_io_fsync_dir(const char *path);           /* make created/removed names durable */
 int kvt_io_file_size(int fd, uint64_t *size);
+int kvt_io_path_size(const char *path, uint64_t *size); /* a regular file's, no link followed */
 int kvt_io_truncate(int fd, uint64_t size);
 int kvt_io_exists(const char *path);              /* 1, 0 */
 int kvt_io_writable(const char *path);            /* 1: this process may write it, 0 */

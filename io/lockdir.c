@@ -40,6 +40,19 @@ static int dir_check(const char *dir, int create) {
   return fsync_parent(dir); /* the new directory's name survives a power loss */
 }
 
+/* The pid hint LOCK in the store directory dfd, opened so that nothing
+ * put in its place can hurt: no symbolic link followed, no FIFO waited
+ * on, only a regular file. A descriptor, or -1. */
+static int lock_hint_open(int dfd, int flags) {
+  int pf = openat(dfd, "LOCK", flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  struct stat st;
+  if (pf >= 0 && (fstat(pf, &st) != 0 || !S_ISREG(st.st_mode))) {
+    close(pf);
+    pf = -1;
+  }
+  return pf;
+}
+
 /* flock(how | LOCK_NB) on the directory itself, through a new descriptor. */
 static int dir_lock(const char *dir, int how, int *lock_fd) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -55,8 +68,8 @@ static int dir_lock(const char *dir, int how, int *lock_fd) {
   if (how == LOCK_EX) {
     char pid[24];
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-    int pf = openat(fd, "LOCK", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (pf >= 0 && pwrite(pf, pid, (size_t)n, 0) != n) { /* only a hint */ }
+    int pf = lock_hint_open(fd, O_WRONLY | O_CREAT);
+    if (pf >= 0 && (ftruncate(pf, 0) != 0 || pwrite(pf, pid, (size_t)n, 0) != n)) { /* a hint */ }
     if (pf >= 0) close(pf);
   }
   *lock_fd = fd;
@@ -77,18 +90,21 @@ int kvt_io_dir_share(const char *dir, int *lock_fd) {
 
 void kvt_io_dir_close(int lock_fd) {
   if (lock_fd < 0) return;
-  /* empty LOCK (a stale pid is only read under a live lock anyway); a
-   * reader's shared lock never wrote it, and O_TRUNC of a missing file is
-   * no create */
-  int pf = openat(lock_fd, "LOCK", O_WRONLY | O_TRUNC | O_CLOEXEC);
+  int pf = lock_hint_open(lock_fd, O_WRONLY); /* empty the writer's pid */
+  if (pf >= 0 && ftruncate(pf, 0) != 0) { /* a stale pid is only read under a live lock */ }
   if (pf >= 0) close(pf);
   close(lock_fd); /* closing the last descriptor drops the flock */
 }
 
+void kvt_io_dir_unshare(int lock_fd) {
+  if (lock_fd >= 0) close(lock_fd); /* a reader's lock: LOCK is the writer's, not touched */
+}
+
 int kvt_io_lock_owner(const char *dir) {
-  char path[PATH_MAX], buf[24];
-  if (snprintf(path, sizeof path, "%s/LOCK", dir) >= (int)sizeof path) return 0;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  char buf[24];
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = dfd >= 0 ? lock_hint_open(dfd, O_RDONLY) : -1;
+  if (dfd >= 0) close(dfd);
   if (fd < 0) return 0;
   ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
   close(fd);

@@ -13,7 +13,8 @@ if ! (ulimit -v $lim && "$bin" help >/dev/null 2>&1); then
   exit 77
 fi
 fail=0
-for args in "demo --dir $tmp/d --agents 2" "stat $tmp/d" "fsck $tmp/d" "demo --dir $tmp/d --agents 2"; do
+for args in "demo --dir $tmp/d --agents 2" "stat $tmp/d" "fsck $tmp/d" "fsck $tmp/d --repair" \
+  "stat $tmp/d" "demo --dir $tmp/d --agents 2"; do
   if (ulimit -v $lim && "$bin" $args >"$tmp/out" 2>&1); then
     echo "ok: kvtier $args under ulimit -v $lim"
   else

@@ -213,6 +213,36 @@ static void test_lock_file_replaced(void **state) {
   tu_rmtree(dir);
 }
 
+/* LOCK (the writer's pid, a hint) replaced by a FIFO or by a symbolic link
+ * to another file: a writer neither blocks on the FIFO nor writes or
+ * truncates through the link, and a refused second writer still says who
+ * holds the store, the message read with the same care. */
+static void test_lock_hint_attacks(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir(), path[512], victim[512];
+  snprintf(path, sizeof path, "%s/LOCK", dir);
+  snprintf(victim, sizeof victim, "%s/victim", dir);
+  FILE *f = fopen(victim, "w");
+  assert_non_null(f);
+  fputs("keep me", f);
+  fclose(f);
+  signal(SIGALRM, on_alarm);
+  alarm(60);
+  for (int how = 0; how < 2; how++) {
+    unlink(path);
+    if (how == 0) assert_int_equal(mkfifo(path, 0644), 0);
+    else assert_int_equal(symlink(victim, path), 0);
+    kvt_engine *w = tu_open(dir, NULL); /* no hang on the FIFO */
+    assert_int_equal(writer_rc(dir), KVT_ELOCKED);
+    kvt_engine_close(w);
+    struct stat st;
+    assert_int_equal(stat(victim, &st), 0);
+    assert_int_equal(st.st_size, 7); /* nothing written or truncated through the link */
+  }
+  alarm(0);
+  tu_rmtree(dir);
+}
+
 /* ------------------------------------ more segments than open files */
 
 /* A store of 40 segments under a descriptor limit of 32: a writer and a
@@ -496,6 +526,7 @@ int main(void) {
       cmocka_unit_test(test_segment_dangling_symlink),
       cmocka_unit_test(test_segment_is_fifo),
       cmocka_unit_test(test_lock_file_replaced),
+      cmocka_unit_test(test_lock_hint_attacks),
       cmocka_unit_test(test_more_segments_than_files),
       cmocka_unit_test(test_fsck_beside_reclaim),
       cmocka_unit_test(test_create_on_full_disk),

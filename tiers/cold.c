@@ -443,6 +443,24 @@ static int open_dbs(kvt_cold *c) {
   return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
 }
 
+/* The LMDB map: at least twice the index already stored plus 64 MiB (room
+ * for the copy-on-write pages of any transaction), and for a writer at
+ * least what it was configured with. A reader needs no more: it maps by
+ * what is stored, not by the map size a writer once recorded (which LMDB
+ * only ever raises), so it works under a virtual-memory limit. A writer
+ * growing the index past a reader's map while it is open makes the
+ * reader's next transaction fail (MDB_MAP_RESIZED, -EIO): rare, and it
+ * reopens. */
+static uint64_t map_size(const kvt_cold *c, const char *index_dir) {
+  char dp[4300];
+  snprintf(dp, sizeof dp, "%s/data.mdb", index_dir);
+  uint64_t used = 0;
+  if (kvt_io_path_size(dp, &used)) used = 0;
+  uint64_t floor = kvt_cold_map_bytes(0) + 2 * used;
+  floor = (floor + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+  return c->cfg.rdonly || c->cfg.map_bytes < floor ? floor : c->cfg.map_bytes;
+}
+
 static int open_env(kvt_cold *c) {
   char path[4200];
   snprintf(path, sizeof path, "%s/index", c->dir);
@@ -467,9 +485,7 @@ static int open_env(kvt_cold *c) {
   int rc = mdb_err(mdb_env_create(&c->env));
   if (rc) return rc;
   mdb_env_set_maxdbs(c->env, 4);
-  /* A reader maps what the store's meta page records (the writer's map),
-   * so a writer's later commit never finds a reader's map too small. */
-  if (!c->cfg.rdonly) mdb_env_set_mapsize(c->env, c->cfg.map_bytes);
+  mdb_env_set_mapsize(c->env, map_size(c, path));
   /* MDB_NOMETASYNC, not MDB_NOSYNC: a commit fdatasyncs its pages before
    * it writes the meta page that points at them (with MDB_NOSYNC a power
    * loss could keep the new meta page and lose the pages), and the meta page
@@ -579,7 +595,7 @@ void kvt_cold_close(kvt_cold *c) {
     if (!c->cfg.rdonly) mdb_env_sync(c->env, 1);
     mdb_env_close(c->env);
   }
-  kvt_io_dir_close(c->share_fd);
+  kvt_io_dir_unshare(c->share_fd);
   kvt_io_destroy(c->wio);
   kvt_io_destroy(c->sio);
   kvt_io_destroy(c->rio);
@@ -834,7 +850,10 @@ static int seg_for_locked(kvt_cold *c, uint64_t len, uint64_t reserve, uint32_t 
   for (uint32_t id = 0; id < c->n_segs; id++) {
     seg *s = &c->segs[id];
     if (s->state != SEG_FREE) continue;
-    if (!s->have && seg_open_locked(c, id, 1)) continue; /* its file was lost: a new one */
+    if (!s->have) { /* its file was lost: a new one, whose name is synced before use */
+      if (seg_open_locked(c, id, 1)) continue;
+      c->segdir_dirty = 1;
+    }
     s->gen++;
     s->used = 0;
     s->live = 0;

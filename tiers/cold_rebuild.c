@@ -552,6 +552,7 @@ static int rebuild_run(rebuild *r, uint64_t segment_bytes, uint64_t map_bytes) {
   rc = kvt_io_mkdir(path);
   if (!map_bytes) map_bytes = kvt_cold_map_bytes((uint64_t)(r->n_segs + 1) * r->res->segment_bytes);
   if (!rc) rc = write_index(r, path, r->res->segment_bytes, map_bytes);
+  if (!rc) rc = kvt_io_fsync_dir(path); /* index.new's files: named durably before the swap */
   if (!rc) rc = swap_index(r, path);
   for (size_t i = 0; !rc && i < r->n_ns; i++) /* old index's namespaces get their copy */
     rc = kvt_cold_ns_file_put(r->dir, &r->ns[i].seed, r->ns[i].enc, r->ns[i].len);

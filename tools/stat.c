@@ -483,7 +483,10 @@ static int fsck_open(const fsck_run *r, kvt_engine **e)
   /* A writer has a cold tier only when given a limit. The limit is not a
    * property of the store and fsck writes nothing but index removals, so
    * any limit above what the store holds will do. */
-  if (r->repair) opt.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 50;
+  if (r->repair) { /* no limit to enforce: only removals; the map as small as the store allows */
+    opt.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 50;
+    opt.cold_index_bytes = 1u << 20;
+  }
   int rc = cli_engine_open(r->dir, &opt, e);
   if (rc != 0) {
     char what[PATH_MAX + 64];
