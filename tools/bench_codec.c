@@ -1250,7 +1250,7 @@ static void codec_opts(codec_cfg *c, cli_opt o[CODEC_N_OPTS])
 {
   const cli_opt t[CODEC_N_OPTS] = {
       {"--mib", "M", CLI_U64, &c->mib, MIB_MIN, MIB_MAX,
-       "f16 working set per codec in MiB, 64 to 8192 (default 512: above a 260 MiB L3)"},
+       "f16 working set per codec in MiB, 64 to 8192 (default: 2 x the L3 cache, at least 512)"},
       {"--rounds", "R", CLI_U64, &c->rounds, 3, ROUNDS_MAX,
        "interleaved rounds, 3 to 99 (default 7)"},
       {"--tokens", "T", CLI_U64, &c->tokens, C_TOKENS, TOKENS_MAX,
@@ -1314,7 +1314,7 @@ static int codec_main(codec_run *r)
 
 int bench_codec(int argc, char **argv)
 {
-  codec_cfg cfg = {.mib = 512, .rounds = 7, .tokens = 4096, .attend_tokens = 8192, .seed = 1,
+  codec_cfg cfg = {.mib = 0, .rounds = 7, .tokens = 4096, .attend_tokens = 8192, .seed = 1,
                    .codec = "k8v3"};
   cli_opt opts[CODEC_N_OPTS];
   codec_opts(&cfg, opts);
@@ -1325,6 +1325,10 @@ int bench_codec(int argc, char **argv)
   codec_run *r = calloc(1, sizeof *r);
   if (r == NULL) return codec_fail("allocating state", -ENOMEM);
   r->cfg = cfg;
+  if (r->cfg.mib == 0) { /* twice L3, so the codecs run from memory, not the cache */
+    uint64_t l3_mib = (cpu_l3_bytes() + (1u << 20) - 1) >> 20;
+    r->cfg.mib = 2 * l3_mib < 512 ? 512 : 2 * l3_mib > MIB_MAX ? MIB_MAX : 2 * l3_mib;
+  }
   rc = codec_check_cfg(&r->cfg, &r->at);
   bench_dir d;
   if (rc == CLI_OK) rc = bench_dir_open(&d, cfg.dir, "bench codec");
