@@ -645,7 +645,9 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id ns, kvt_load_req *reqs, size_t n, k
  * hold nothing valid. A record that failed its check has left the cold
  * tier, so later lookups and loads miss it (KVT_ENOTFOUND); an index
  * entry that does not parse stays until kvt_fsck() repairs it or a
- * kvt_seq_read() of it removes it.
+ * kvt_seq_read() of it removes it. A block whose segment file is missing
+ * or not a regular file is a miss (KVT_ENOTFOUND) for lookups, reads and
+ * loads; its entry stays until kvt_fsck() with repair removes it.
  * @param n_ok may be NULL; receives how many requests succeeded.
  * @return 0 when every request succeeded, else the first failing status
  *   in request order. */

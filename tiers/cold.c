@@ -1565,10 +1565,13 @@ static int keep_or_mark(kvt_cold *c, const kvt_key *key) {
 int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e) {
   if (gone_has(c, key)) return KVT_ENOTFOUND;
   MDB_txn *t;
+  kvt_cold_entry tmp;
+  if (!e) e = &tmp;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
   if (rc) return rc;
   rc = find_locked(c, t, key, e, NULL, 0);
   mdb_txn_abort(t);
+  if (!rc && seg_trouble(c, e->seg)) rc = KVT_ENOTFOUND; /* its file is gone: a miss */
   if (!rc) evict_touch(c, key); /* a lookup of it: a use */
   return rc;
 }
@@ -1577,7 +1580,10 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
   MDB_txn *t;
   if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return 0;
   size_t i = 0;
-  while (i < n && key_indexed(c, t, &keys[i]) && !gone_has(c, &keys[i])) i++;
+  kvt_cold_entry e;
+  while (i < n && find_locked(c, t, &keys[i], &e, NULL, 0) == 0 && !seg_trouble(c, e.seg) &&
+         !gone_has(c, &keys[i]))
+    i++;
   mdb_txn_abort(t);
   for (size_t k = 0; k < i; k++) evict_touch(c, &keys[k]);
   return i;
@@ -1681,6 +1687,7 @@ static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void
   rc = find_locked(c, t, key, &e, &s, layer);
   mdb_txn_abort(t);
   if (rc && rc != KVT_ECORRUPT) return rc; /* an entry that does not parse: bad, below */
+  if (!rc && seg_trouble(c, e.seg)) return KVT_ENOTFOUND; /* file gone: a miss; fsck --repair */
   if (!rc && bytes_each != e.bytes_each) return KVT_EBUFSIZE;
   uint32_t len = (uint32_t)kvt_align4k(s.stored_len);
   uint8_t *buf = NULL;
@@ -2466,6 +2473,7 @@ static int read_lookup(kvt_cold *c, MDB_txn *t, last_entry *le, kvt_cold_read *r
   f->fd = -1;
   if (!rc && r->bytes_each != f->e.bytes_each) rc = KVT_EBUFSIZE;
   if (!rc && f->s.rel_off + (uint64_t)f->len > f->e.rec_len) rc = KVT_ECORRUPT;
+  if (!rc && seg_trouble(c, f->e.seg)) rc = KVT_ENOTFOUND; /* file gone: a miss; fsck --repair */
   if (!rc) rc = seg_hold(c, f->e.seg, &f->fd); /* released by read_finish */
   if (rc) {
     if (rc == KVT_ECORRUPT) {
