@@ -132,6 +132,10 @@ static int cold_limit_check(const kvt_engine *e, const char *dir, kvt_error_info
 static int dir_error(const char *dir, int rc, kvt_error_info *info) {
   if (rc != KVT_ELOCKED)
     return kvt_err_fill(info, rc, "kvt_engine_open", "dir", NULL, "%s (%s)", dir, kvt_strerror(rc));
+  if (kvt_io_dir_readers_only(dir))
+    return kvt_err_fill(info, rc, "kvt_engine_open", "dir", "no reader holding the store shared",
+                        "held shared by a read-only open of %s (one without write access to "
+                        "its index lock file keeps writers out while it runs)", dir);
   int pid = kvt_io_lock_owner(dir);
   if (pid == (int)getpid())
     return kvt_err_fill(info, rc, "kvt_engine_open", "LOCK",

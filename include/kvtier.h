@@ -405,7 +405,8 @@ void kvt_options_init(kvt_options *opt);
  * @param out receives the engine; on failure set to NULL.
  * @return 0; KVT_ENULL; KVT_EOPTION (also: a writer with cold limit 0 on a
  *   store that has a cold tier); KVT_ELOCKED when another writer holds the
- *   store, in another process or in this one (another engine);
+ *   store, in another process or in this one (another engine), or a
+ *   read-only open that holds it shared (above);
  *   -ENOENT (read-only or NOCREATE, no directory, or, with a cold tier, a
  *   directory that holds no store: nothing is created in it); KVT_EINDEX
  *   (the cold tier's index is damaged or missing: kvt_store_rebuild_index);

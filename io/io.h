@@ -33,6 +33,9 @@ int kvt_io_lock_owner(const char *dir);
  * kvt_io_dir_unshare(). */
 int kvt_io_dir_share(const char *dir, int *lock_fd);
 void kvt_io_dir_unshare(int lock_fd);
+/* 1 when dir's lock is held only shared (read-only opens without access to
+ * LMDB's lock file), 0 when a writer holds it or nobody does. */
+int kvt_io_dir_readers_only(const char *dir);
 
 /* ---- backends ---- */
 

@@ -96,6 +96,13 @@ void kvt_io_dir_close(int lock_fd) {
   close(lock_fd); /* closing the last descriptor drops the flock */
 }
 
+int kvt_io_dir_readers_only(const char *dir) {
+  int fd = -1;
+  int rc = dir_lock(dir, LOCK_SH, &fd); /* granted only when nobody holds it exclusively */
+  if (rc == 0) close(fd);
+  return rc == 0;
+}
+
 void kvt_io_dir_unshare(int lock_fd) {
   if (lock_fd >= 0) close(lock_fd); /* a reader's lock: LOCK is the writer's, not touched */
 }
