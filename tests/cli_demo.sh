@@ -5,29 +5,8 @@
 # Usage: cli_demo.sh <path-to-kvtier>. Exit 0 when every check passes, 1 not.
 set -u
 
-KVT=${1:?usage: cli_demo.sh <path-to-kvtier>}
-[ -x "$KVT" ] || { echo "cli_demo: $KVT is not an executable" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "cli_demo: python3 is needed to read JSON" >&2; exit 1; }
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-cli.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-FAILS=0
-
-fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
-pass() { echo "ok: $*"; }
-
-# run NAME WANT_RC ARGS...: run kvtier, keep stdout/stderr in $TMP/NAME.{out,err}
-run() {
-  local name=$1 want=$2 rc
-  shift 2
-  "$KVT" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    fail "$name: 'kvtier $*' exited $rc, expected $want; stderr: $(head -c 400 "$TMP/$name.err")"
-    return 1
-  fi
-  return 0
-}
+T=cli_demo
+. "$(dirname "$0")/cli_lib.sh"
 
 # usage_error NAME WORD ARGS...: exit 2 and a message on stderr that names WORD
 usage_error() {

@@ -6,28 +6,11 @@
 # Usage: cli_rebuild.sh <path-to-kvtier>. Exit 0 when every check passes.
 set -u
 
-KVT=${1:?usage: cli_rebuild.sh <path-to-kvtier>}
-[ -x "$KVT" ] || { echo "cli_rebuild: $KVT is not an executable" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "cli_rebuild: python3 is needed to read JSON" >&2; exit 1; }
+T=cli_rebuild
+. "$(dirname "$0")/cli_lib.sh"
+# the checks below count a run that exits as wanted as passed
+run() { local name=$1 want=$2; kvt_run "$@" && pass "$name: exit $want"; }
 
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-rebuild.XXXXXX") || exit 1
-trap 'rm -rf "$TMP"' EXIT
-FAILS=0
-fail() { echo "FAIL: $*" >&2; FAILS=$((FAILS + 1)); }
-pass() { echo "ok: $*"; }
-
-# run NAME WANT_RC ARGS...: run kvtier, keep stdout/stderr in $TMP/NAME.{out,err}
-run() {
-  local name=$1 want=$2 rc
-  shift 2
-  "$KVT" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err"
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    fail "$name: 'kvtier $*' exited $rc, expected $want; stderr: $(head -c 400 "$TMP/$name.err")"
-    return 1
-  fi
-  pass "$name: exit $want"
-}
 has() { if grep -q -- "$3" "$TMP/$1.$2"; then pass "$1 says '$3'"; else fail "$1: no '$3' in: $(cat "$TMP/$1.$2")"; fi; }
 # py NAME CHECK: $TMP/NAME.out is one JSON object d; CHECK asserts on it
 py() {
