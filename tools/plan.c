@@ -6,7 +6,9 @@
  * (its leading run of stored blocks is its hit), then appended, and the
  * blocks nobody had are put (computed). Two engines see every request in
  * the same order: one evicting in the chosen order (KVT_EVICT_CHAIN by
- * default) and one in plain LRU, so the gain is measured, not claimed.
+ * default) and one in plain LRU, so the gain is measured, not claimed;
+ * beside them Belady's MIN (plan_belady.c) replays the same block accesses
+ * knowing the future: the ceiling for the capacity.
  *
  * Layers are folded: each replay namespace has one layer holding every
  * layer's KV heads (same bytes per token block). A replay appends, puts
@@ -118,7 +120,9 @@ void plan_usage(FILE *f)
              "admission and eviction code, with sizes and no payloads - at 512-token block\n"
              "granularity on the trace's clock. A request's hit is its leading run of stored\n"
              "blocks, capped at its input length; rates are token-weighted. Plain LRU runs\n"
-             "alongside in the same replay. Guide: docs/capacity-planning.md.\n\n");
+             "alongside in the same replay, and Belady's MIN (the offline optimum at the same\n"
+             "capacity, from the trace's future) beside both: gap_closed is the share of the\n"
+             "LRU-to-optimum gap the policy closes. Guide: docs/capacity-planning.md.\n\n");
   cli_print_opts(f, o, PLAN_N_OPTS);
   fprintf(f, "\nbuilt-in models:\n");
   plan_model_list(f);
