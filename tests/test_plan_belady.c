@@ -357,7 +357,7 @@ static void write_conversations(const char *path, uint32_t n_req)
 /* Every sweep row carries the optimum of the same trace at the same
  * capacity (capacity / 512 blocks, as the cold tier counts it), at least
  * both policies' rates, and gap_closed from the three, null where Belady
- * is no better than LRU (everything fits). */
+ * is no better than LRU (everything fits); the chart draws all three. */
 static void test_plan_sweep_rows(void **state)
 {
   (void)state;
@@ -367,11 +367,12 @@ static void test_plan_sweep_rows(void **state)
     skipped = 1;
     skip();
   }
-  char *dir = tu_tmpdir(), path[512], cmd[1024];
+  char *dir = tu_tmpdir(), path[512], svg[512], cmd[2048];
   snprintf(path, sizeof path, "%s/conv.jsonl", dir);
+  snprintf(svg, sizeof svg, "%s/chart.svg", dir);
   write_conversations(path, 600);
   snprintf(cmd, sizeof cmd, "%s plan --model llama-3.1-8b --trace %s --sweep"
-           " --capacities 10K,20K,40K,80K,160K,inf --json", bin, path);
+           " --capacities 10K,20K,40K,80K,160K,inf --json --svg %s", bin, path, svg);
   int st;
   char *out = run(cmd, &st);
   assert_int_equal(st, 0);
@@ -415,6 +416,15 @@ static void test_plan_sweep_rows(void **state)
   assert_true(gaps > 0);
   /* Unbounded: everything fits, no gap to close. */
   assert_true(json_is_null(json_object_get(json_array_get(rows, 5), "gap_closed")));
+  FILE *c = fopen(svg, "r");
+  assert_non_null(c);
+  static char chart[1 << 16];
+  chart[fread(chart, 1, sizeof chart - 1, c)] = 0;
+  fclose(c);
+  int lines = 0;
+  for (const char *q = chart; (q = strstr(q, "<polyline")); q++) lines++;
+  assert_int_equal(lines, 3);
+  assert_non_null(strstr(chart, "offline optimum (Belady)"));
   plan_future_free(f);
   plan_trace_free(&t);
   json_decref(doc);
