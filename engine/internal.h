@@ -71,6 +71,8 @@ struct kvt_seq {
   int output;                 /* appends are output, not prompt (kvt_seq_output) */
   kvt_bstate *bs;             /* [cap * n_layers]: policy state, indexed as lb */
   kvt_policy pol;             /* retention policy (policy.c) */
+  kvt_lblk **pin;             /* [pin_cap]: the n_pin blocks of its request pin (serve.c) */
+  size_t n_pin, pin_cap;
 };
 
 struct kvt_load {
@@ -117,6 +119,8 @@ struct kvt_engine {
   /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
   kvt_cold_meta *mcold;
   kvt_err_table err;          /* detail of failed calls, per thread (errinfo.c) */
+  int event_fd;               /* kvt_event_fd(), -1 until asked for (atomic) */
+  uint64_t pinned_hot;        /* cost of hot blocks under request pins (serve.c) */
 };
 
 /* Record the detail of a failing call on e for this thread; evaluates to code. */
@@ -200,6 +204,12 @@ void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n);
 uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer);
 int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer); /* one such block? */
 void kvt_load_free_locked(kvt_load *ld);
+
+/* serve.c: tell kvt_event_fd()'s reader to look (any thread, locked or
+ * not); let go of the request pin of s (with the lock held). */
+void kvt_event_signal(kvt_engine *e);
+void kvt_event_notify(void *engine); /* the cold tier's read-batch hook */
+void kvt_seq_unpin_locked(kvt_seq *s);
 
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's
  * budget, lowest scored first. With the lock held. */
