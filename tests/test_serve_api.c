@@ -184,12 +184,211 @@ static void test_load_poll_ram(void **state) {
   close_tmp(e, dir);
 }
 
+/* A store with a cold tier, pread or io_uring as the machine allows. */
+static kvt_engine *open_cold(const char *dir, uint64_t cold_limit) {
+  kvt_options o;
+  cu_opts(&o, KVT_BACKEND_AUTO);
+  if (cold_limit) o.tier_bytes_limit[KVT_TIER_COLD] = cold_limit;
+  return tu_open(dir, &o);
+}
+
+/* Write n blocks of one sequence (all layers), make them durable, close. */
+static void write_durable(const char *dir, const kvt_shape *sh, const char *model, uint32_t n) {
+  kvt_engine *e = open_cold(dir, 0);
+  kvt_ns_id ns = tu_register(e, model, sh);
+  tu_kv kv;
+  tu_kv_alloc(&kv, sh);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  uint32_t tok[64];
+  for (uint32_t b = 0; b < n; b++) {
+    tokens_of(4, b, sh->block_tokens, tok);
+    tu_append_put(s, sh, tu_salt(model), tok, &kv);
+  }
+  assert_int_equal(kvt_sync(e), 0);
+  assert_int_equal(kvt_seq_durable(s), n);
+  kvt_seq_release(s);
+  tu_kv_free(&kv);
+  kvt_engine_close(e);
+}
+
+/* Loads of blocks only on disk: poll until done, waiting on the fd
+ * between polls as an event loop would; every poll before completion
+ * returns KVT_EBUSY and leaves the batch as it was, and the fd becomes
+ * readable when the last read finished. Whether any poll comes before
+ * completion depends on the device: both paths assert the fd's notice. */
+static void test_load_poll_cold(void **state) {
+  (void)state;
+  kvt_shape sh = {.n_layers = 8, .n_kv_heads = 4, .head_dim = 64, .dtype = KVT_F16,
+                  .block_tokens = 16};
+  const uint32_t nb = 6;
+  char *dir = tu_tmpdir();
+  write_durable(dir, &sh, "cold-load", nb);
+  kvt_engine *e = open_cold(dir, 0); /* nothing in RAM now */
+  kvt_ns_id ns = tu_register(e, "cold-load", &sh);
+  uint64_t salt = tu_salt("cold-load");
+  int fd = kvt_event_fd(e);
+  assert_true(fd >= 0);
+  fd_clear(fd);
+  size_t n = (size_t)nb * sh.n_layers;
+  kvt_load_req *req = calloc(n, sizeof *req);
+  tu_kv *out = calloc(n, sizeof *out);
+  uint32_t tok[16];
+  kvt_key prev, key, seed;
+  assert_int_equal(kvt_ns_seed(e, ns, &seed), 0);
+  for (uint32_t b = 0; b < nb; b++) {
+    tokens_of(4, b, sh.block_tokens, tok);
+    kvt_key_next(&seed, b ? &prev : NULL, tok, sh.block_tokens, &key);
+    prev = key;
+    for (uint32_t l = 0; l < sh.n_layers; l++) {
+      size_t i = (size_t)b * sh.n_layers + l;
+      tu_kv_alloc(&out[i], &sh);
+      req[i] = (kvt_load_req){.key = key, .layer = l, .k_out = out[i].k, .v_out = out[i].v,
+                              .bytes_each = out[i].bytes};
+    }
+  }
+  kvt_load *ld;
+  assert_int_equal(kvt_load_submit(e, ns, req, n, &ld), 0);
+  size_t ok = 12345, busy = 0;
+  int rc;
+  while ((rc = kvt_load_poll(ld, &ok)) == KVT_EBUSY) {
+    busy++;
+    assert_int_equal(ok, 12345); /* untouched while not done */
+    if (!fd_readable(fd, WAIT_MS)) fail_msg("load not done and the fd not readable in %d ms", WAIT_MS);
+    uint64_t v;
+    assert_int_equal(read(fd, &v, sizeof v), (ssize_t)sizeof v);
+  }
+  fprintf(stderr, "kvt_load_poll: %zu polls before completion\n", busy);
+  assert_int_equal(rc, 0);
+  assert_int_equal(ok, n);
+  /* Done at the first poll: the notice of the last read comes anyway (it
+   * may follow the poll). Otherwise the loop above already waited for it:
+   * nothing else signals this engine (no puts, nothing to flush). */
+  if (!busy) assert_true(fd_readable(fd, WAIT_MS));
+  tu_kv want;
+  tu_kv_alloc(&want, &sh);
+  for (uint32_t b = 0; b < nb; b++) {
+    tokens_of(4, b, sh.block_tokens, tok);
+    for (uint32_t l = 0; l < sh.n_layers; l++) {
+      size_t i = (size_t)b * sh.n_layers + l;
+      assert_int_equal(req[i].status, 0);
+      assert_int_equal(req[i].tier, KVT_TIER_COLD);
+      assert_true(cu_same(&out[i], &want, &sh, salt, l, b, tok));
+      tu_kv_free(&out[i]);
+    }
+  }
+  tu_kv_free(&want);
+  free(req);
+  free(out);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
+/* The durable watermark moves: the flusher writes a completed block and
+ * the fd becomes readable; kvt_sync() then finds it durable. */
+static void test_event_fd_durable(void **state) {
+  (void)state;
+  kvt_shape sh = tu_shape_small(KVT_F16);
+  char *dir = tu_tmpdir();
+  kvt_engine *e = open_cold(dir, 0);
+  kvt_ns_id ns = tu_register(e, "durable-fd", &sh);
+  int fd = kvt_event_fd(e);
+  assert_true(fd >= 0);
+  fd_clear(fd);
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  uint32_t tok[4];
+  for (uint32_t b = 0; b < 3; b++) {
+    tokens_of(5, b, sh.block_tokens, tok);
+    tu_append_put(s, &sh, tu_salt("durable-fd"), tok, &kv);
+    /* The flusher writes it on its own; the fd says when to look. */
+    if (!fd_readable(fd, WAIT_MS)) fail_msg("block %u: fd not readable in %d ms", b, WAIT_MS);
+    fd_clear(fd);
+    uint32_t d = 0;
+    for (int tries = 0; tries < 1000 && (d = kvt_seq_durable(s)) < b + 1; tries++) {
+      /* A group may settle in parts: wait for the next notice. */
+      if (!fd_readable(fd, WAIT_MS)) break;
+      fd_clear(fd);
+    }
+    assert_int_equal(d, b + 1);
+  }
+  assert_int_equal(kvt_sync(e), 0);
+  uint32_t nd = 99;
+  assert_int_equal(kvt_seq_durable_error(s, &nd), 0);
+  assert_int_equal(nd, 3);
+  kvt_seq_release(s);
+  tu_kv_free(&kv);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
+/* ------------------------------------------------------ durability errors */
+
+/* A cold tier too small for what a sequence holds: the blocks it cannot
+ * take stay in RAM, and every kvt_sync() reports KVT_EFULL while they are
+ * referenced, not only the first; the sequence holding them reports it
+ * too, another sequence does not; releasing it ends the report. */
+static void test_durable_error_full(void **state) {
+  (void)state;
+  /* 64 KiB a layer block, 4 layers: ~260 KiB a record; 2 MiB of cold
+   * (two 1 MiB segments, one kept spare) holds three or four. */
+  kvt_shape sh = {.n_layers = 4, .n_kv_heads = 8, .head_dim = 128, .dtype = KVT_F16,
+                  .block_tokens = 16};
+  const uint32_t nb = 10;
+  char *dir = tu_tmpdir();
+  kvt_engine *e = open_cold(dir, 2u << 20);
+  kvt_ns_id ns = tu_register(e, "full", &sh);
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  kvt_seq *big, *small;
+  assert_int_equal(kvt_seq_create(e, ns, &small), 0);
+  uint32_t tok[16];
+  tokens_of(6, 0, sh.block_tokens, tok);
+  tu_append_put(small, &sh, tu_salt("full"), tok, &kv); /* one block, its own */
+  assert_int_equal(kvt_sync(e), 0);
+  assert_int_equal(kvt_seq_durable(small), 1);
+  assert_int_equal(kvt_seq_create(e, ns, &big), 0);
+  for (uint32_t b = 0; b < nb; b++) {
+    tokens_of(7, b, sh.block_tokens, tok);
+    tu_append_put(big, &sh, tu_salt("full"), tok, &kv);
+  }
+  int first = kvt_sync(e);
+  assert_int_equal(first, KVT_EFULL);
+  for (int i = 0; i < 3; i++) assert_int_equal(kvt_sync(e), KVT_EFULL); /* every call */
+  uint32_t nd = 99;
+  assert_int_equal(kvt_seq_durable_error(big, &nd), KVT_EFULL);
+  assert_true(nd < nb);
+  assert_int_equal(nd, kvt_seq_durable(big));
+  assert_int_equal(kvt_seq_durable_error(big, NULL), KVT_EFULL); /* seen, still reported */
+  assert_int_equal(kvt_seq_durable_error(small, &nd), 0);
+  assert_int_equal(nd, 1);
+  /* Every block the cold tier refused is still in RAM, exact. */
+  for (uint32_t b = 0; b < nb; b++) {
+    tokens_of(7, b, sh.block_tokens, tok);
+    for (uint32_t l = 0; l < sh.n_layers; l++) tu_assert_block(big, &sh, tu_salt("full"), b, l, tok);
+  }
+  kvt_seq_release(big);
+  assert_int_equal(kvt_sync(e), 0); /* nothing referenced is kept out any more */
+  assert_int_equal(kvt_seq_durable_error(small, NULL), 0);
+  kvt_seq_release(small);
+  assert_int_equal(kvt_seq_durable_error(NULL, &nd), KVT_ENULL);
+  assert_int_equal(nd, 0);
+  tu_kv_free(&kv);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layers_mask),
       cmocka_unit_test(test_layers_mask_full),
       cmocka_unit_test(test_load_poll_ram),
+      cmocka_unit_test(test_load_poll_cold),
+      cmocka_unit_test(test_event_fd_durable),
+      cmocka_unit_test(test_durable_error_full),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }
