@@ -19,7 +19,8 @@
  *  - reference: a sequence that holds a layer block keeps it alive; it is
  *    never dropped while referenced.
  *  - pin: held by the library itself while it copies a payload outside its
- *    lock; a pinned block cannot change tier or be freed.
+ *    lock, or by a request for a step (kvt_seq_pin()); a pinned block
+ *    cannot change tier or be freed.
  *  - retained: the blocks of (sequence, layer) that attention runs over:
  *    every referenced block in RAM, less what the sequence's policy
  *    evicted from that layer (see the policy group).
@@ -449,10 +450,12 @@ void kvt_engine_close(kvt_engine *e);
  * @return 0; KVT_ENULL; KVT_ERDONLY; the first error the cold tier met
  *   since the last kvt_sync() (-EIO, -ENOSPC, KVT_EFULL...): the blocks it
  *   could not write stay in RAM, not durable, and nothing durable is lost.
- *   Such an error is returned again by every kvt_sync() while a block it
- *   kept from the cold tier is referenced by a sequence and not durable
- *   (kvt_seq_durable() stops before it); 0 again once it is durable or
- *   released. KVT_ENOTDURABLE, likewise: a complete, admitted block some
+ *   Such an error (KVT_EFULL too: a cold tier full of referenced blocks)
+ *   is returned again by every kvt_sync() while a block it kept from the
+ *   cold tier is referenced by a sequence and not durable
+ *   (kvt_seq_durable() stops before it; kvt_seq_durable_error() names it
+ *   to every sequence that holds the block); 0 again once it is durable
+ *   or released. KVT_ENOTDURABLE, likewise: a complete, admitted block some
  *   sequence references reached RAM only in quantized form, so there is no
  *   exact copy to write (the hot tier is below one layer block, so puts
  *   are born warm, or cannot hold all layers of a token block, so layers
@@ -724,7 +727,8 @@ void kvt_seq_release(kvt_seq *s);
 uint32_t kvt_seq_blocks(const kvt_seq *s);
 
 /** The durable watermark: how many leading token blocks of s are durable
- * (in the cold tier, every layer). 0 without a cold tier. */
+ * (in the cold tier, every layer). 0 without a cold tier. It carries no
+ * error: kvt_seq_durable_error() says what stops it. */
 uint32_t kvt_seq_durable(const kvt_seq *s);
 
 /** The durable watermark of s and the first error that stopped a block of

@@ -380,6 +380,49 @@ static void test_durable_error_full(void **state) {
   tu_rmtree(dir);
 }
 
+/* Every segment write fails (-ENOSPC injected): the sequence reports the
+ * error until it is released, kvt_sync() on every call, and the blocks
+ * stay readable in RAM. */
+static void test_durable_error_fault(void **state) {
+  (void)state;
+  kvt_shape sh = tu_shape_small(KVT_F32);
+  char *dir = tu_tmpdir();
+  kvt_options o;
+  cu_opts(&o, KVT_BACKEND_AUTO);
+  o.test_fault = (kvt_test_fault){.ops = 1u << 2, .kind = 2, .after = 1, .count = 0};
+  kvt_engine *e = tu_open(dir, &o);
+  kvt_ns_id ns = tu_register(e, "fault", &sh);
+  int fd = kvt_event_fd(e);
+  assert_true(fd >= 0);
+  fd_clear(fd);
+  tu_kv kv;
+  tu_kv_alloc(&kv, &sh);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  uint32_t tok[4];
+  for (uint32_t b = 0; b < 3; b++) {
+    tokens_of(8, b, sh.block_tokens, tok);
+    tu_append_put(s, &sh, tu_salt("fault"), tok, &kv);
+  }
+  int rc = kvt_sync(e);
+  fprintf(stderr, "kvt_sync with failing writes: %s\n", kvt_strerror(rc));
+  assert_true(rc < 0);
+  assert_true(fd_readable(fd, WAIT_MS)); /* the failed group was told of too */
+  for (int i = 0; i < 3; i++) assert_int_equal(kvt_sync(e), rc);
+  uint32_t nd = 99;
+  assert_int_equal(kvt_seq_durable_error(s, &nd), rc);
+  assert_int_equal(nd, 0);
+  for (uint32_t b = 0; b < 3; b++) {
+    tokens_of(8, b, sh.block_tokens, tok);
+    for (uint32_t l = 0; l < sh.n_layers; l++) tu_assert_block(s, &sh, tu_salt("fault"), b, l, tok);
+  }
+  kvt_seq_release(s);
+  assert_int_equal(kvt_sync(e), 0);
+  tu_kv_free(&kv);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -389,6 +432,7 @@ int main(void) {
       cmocka_unit_test(test_load_poll_cold),
       cmocka_unit_test(test_event_fd_durable),
       cmocka_unit_test(test_durable_error_full),
+      cmocka_unit_test(test_durable_error_fault),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }
