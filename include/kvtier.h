@@ -690,12 +690,13 @@ int kvt_load_poll(kvt_load *ld, size_t *n_ok);
  * return KVT_EBUSY) and when the flusher settled a group of token blocks
  * for the cold tier (written and durable, or failed), so a durable
  * watermark (kvt_seq_durable()) or a durability error
- * (kvt_seq_durable_error(), kvt_sync()) may have changed.
+ * (kvt_seq_durable_error(), kvt_sync()) may have changed (metadata-only:
+ * when a block enters the in-memory cold tier).
  * Level-triggered: readable while its 8-byte counter is not zero; each
  * event adds to it. The caller clears it by read(2)ing 8 bytes (it is
- * non-blocking: -EAGAIN when already zero). To lose no wakeup, clear it
- * first, then poll every pending batch and look at the watermarks, then
- * wait again. Events coalesce and may be spurious (another thread's
+ * non-blocking: the read fails with EAGAIN when it is zero). To lose no
+ * wakeup, clear it first, then poll every pending batch and look at the
+ * watermarks, then wait again. Events coalesce and may be spurious (another thread's
  * batch, a group of another sequence): it says when to look, not what
  * changed. One reader per engine (one event loop): two threads reading
  * it would take each other's counts. The fd is created on the first call

@@ -43,7 +43,8 @@ static void close_tmp(kvt_engine *e, char *dir) {
 }
 
 static void tokens_of(uint32_t salt, uint32_t block, uint32_t bt, uint32_t *out) {
-  for (uint32_t t = 0; t < bt; t++) out[t] = (uint32_t)(tu_mix(((uint64_t)salt << 40) ^ ((uint64_t)block << 20) ^ t) & 0xFFFF);
+  for (uint32_t t = 0; t < bt; t++)
+    out[t] = (uint32_t)(tu_mix(((uint64_t)salt << 40) ^ ((uint64_t)block << 20) ^ t) & 0xFFFF);
 }
 
 /* ------------------------------------------------------ the layer mask */
@@ -254,7 +255,8 @@ static void test_load_poll_cold(void **state) {
   while ((rc = kvt_load_poll(ld, &ok)) == KVT_EBUSY) {
     busy++;
     assert_int_equal(ok, 12345); /* untouched while not done */
-    if (!fd_readable(fd, WAIT_MS)) fail_msg("load not done and the fd not readable in %d ms", WAIT_MS);
+    if (!fd_readable(fd, WAIT_MS))
+      fail_msg("load not done and the fd not readable in %d ms", WAIT_MS);
     uint64_t v;
     assert_int_equal(read(fd, &v, sizeof v), (ssize_t)sizeof v);
   }
@@ -367,7 +369,8 @@ static void test_durable_error_full(void **state) {
   /* Every block the cold tier refused is still in RAM, exact. */
   for (uint32_t b = 0; b < nb; b++) {
     tokens_of(7, b, sh.block_tokens, tok);
-    for (uint32_t l = 0; l < sh.n_layers; l++) tu_assert_block(big, &sh, tu_salt("full"), b, l, tok);
+    for (uint32_t l = 0; l < sh.n_layers; l++)
+      tu_assert_block(big, &sh, tu_salt("full"), b, l, tok);
   }
   kvt_seq_release(big);
   assert_int_equal(kvt_sync(e), 0); /* nothing referenced is kept out any more */
