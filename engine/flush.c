@@ -49,6 +49,7 @@ static void meta_consider(kvt_engine *e, kvt_tblk *tb) {
   for (uint32_t l = 0; l < tb->n_layers; l++)
     if (tb->layers[l]->tier == KVT_TIER_WARM) return; /* approximate: not what cold keeps */
   uint64_t rec = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
+  if (!kvt_cold_meta_admit(e->mcold, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) return;
   if (kvt_cold_meta_write(e->mcold, &tb->key, &tb->parent, rec) == 0) {
     tb->cold = 1;
     e->st.cold_written++;
