@@ -550,3 +550,4 @@ int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len) {
   if (!learned(ev)) return KVT_EOPTION;
   return kvt_reuse_load(ev->model, in, len);
 }
+_Static_assert(KVT_REUSE_STATE_BYTES <= KVT_EVICT_MODEL_MAX, "evict.h: model state size");

@@ -66,6 +66,7 @@ int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, ui
 /* LEARNED's model state (weights and clock), for the cold index: save
  * returns the bytes written to out (0 when not LEARNED or cap is short);
  * load: 0, KVT_EOPTION (not LEARNED), KVT_EVERSION, KVT_ECORRUPT. */
+#define KVT_EVICT_MODEL_MAX (32 + 4 * 4096) /* save's bytes, at most */
 size_t kvt_evict_model_save(const kvt_evict *ev, uint8_t *out, size_t cap);
 int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len);
 
