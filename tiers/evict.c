@@ -35,7 +35,7 @@
 #define HORIZON_PER_BLOCK 2
 #define HORIZON_MIN 1024
 #define HISTORY_SLOTS (1u << 17)
-#define SAMPLES 64 /* leaves looked at to choose a victim (as in sampled LRU) */
+#define SAMPLES 128 /* leaves looked at to choose a victim or judge a write */
 
 typedef struct ev_ent {
   kvt_key key, parent;
