@@ -80,7 +80,7 @@ static int options_check(const kvt_options *o, kvt_error_info *info) {
   if (o->cold_group_bytes == 0) return OPT_BAD("cold_group_bytes", "> 0", "0");
   if (o->cold_admit > KVT_ADMIT_PROMPT)
     return OPT_BAD("cold_admit", "KVT_ADMIT_ALL or KVT_ADMIT_PROMPT", "%u", o->cold_admit);
-  if (o->cold_evict > KVT_EVICT_CHAIN_LEAF)
+  if (o->cold_evict > KVT_EVICT_LEARNED)
     return OPT_BAD("cold_evict", "a KVT_EVICT_*", "%u", o->cold_evict);
   /* a metadata-only cold tier has no segments or index map */
   if (o->tier_bytes_limit[KVT_TIER_COLD] && !(o->flags & KVT_OPEN_METADATA_ONLY)) {

@@ -49,6 +49,7 @@ static void meta_consider(kvt_engine *e, kvt_tblk *tb) {
   for (uint32_t l = 0; l < tb->n_layers; l++)
     if (tb->layers[l]->tier == KVT_TIER_WARM) return; /* approximate: not what cold keeps */
   uint64_t rec = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
+  if (!kvt_cold_meta_admit(e->mcold, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) return;
   if (kvt_cold_meta_write(e->mcold, &tb->key, &tb->parent, rec) == 0) {
     tb->cold = 1;
     e->st.cold_written++;
@@ -63,6 +64,9 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
   }
   if (!kvt_cold_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
   if (!kvt_cold_admissible(e, tb)) return; /* may be admitted on a later append */
+  if (!kvt_cold_admit(e->cold, &tb->key, &tb->parent, tb->pos, tb->ns->id,
+                      kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each)))
+    return; /* (KVT_EVICT_LEARNED) not worth a write: let go when idle */
   for (uint32_t l = 0; l < tb->n_layers; l++) /* the queue relies on every layer's pin */
     if (!tb->layers[l]->held) {
       tb->layers[l]->held = 1;

@@ -267,6 +267,13 @@ typedef struct kvt_options {
                                     again; then the least recently used (default) */
 #define KVT_EVICT_LRU 1        /**< plain least recently used, for comparison */
 #define KVT_EVICT_CHAIN_LEAF 2 /**< chain tails, least recently used, no probation */
+#define KVT_EVICT_LEARNED 3    /**< chain tails as CHAIN, ranked by a small model of
+                                    reuse trained online from the tier's own accesses
+                                    (tiers/reuse_model.h): a block predicted not to be
+                                    used again within the tier's horizon is not written
+                                    when the tier is full, and leaves first. The
+                                    model's weights are kept in the cold index across
+                                    restarts */
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
 #define KVT_OPEN_RDONLY 0x1u

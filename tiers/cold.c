@@ -2822,17 +2822,53 @@ static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const
   return rc == -EEXIST ? 0 : rc;
 }
 
+/* KVT_EVICT_LEARNED's model (weights and clock) is one record of the meta
+ * table, "reuse_model" (tiers/reuse_model.c says its versioned layout),
+ * written at close and read at open, so a restarted writer does not start
+ * from nothing. The model only ranks blocks: a record of another version,
+ * or one that does not check, is ignored (the model starts afresh), and a
+ * store without one is fine. fsck --repair does not carry it over. */
+#define REUSE_MODEL_KEY "reuse_model"
+
+static void evict_model_load(kvt_cold *c) {
+  MDB_txn *t;
+  if (c->cfg.evict_policy != KVT_EVICT_LEARNED || mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return;
+  MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v;
+  if (!mdb_get(t, c->db_meta, &k, &v)) kvt_evict_model_load(c->ev, v.mv_data, v.mv_size);
+  mdb_txn_abort(t);
+}
+
+static void evict_model_save(kvt_cold *c) {
+  uint8_t buf[KVT_EVICT_MODEL_MAX];
+  size_t n = c->env && c->ev ? kvt_evict_model_save(c->ev, buf, sizeof buf) : 0;
+  MDB_txn *t;
+  if (!n || mdb_txn_begin(c->env, NULL, 0, &t)) return;
+  MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v = {n, buf};
+  if (mdb_put(t, c->db_meta, &k, &v, 0)) mdb_txn_abort(t);
+  else mdb_txn_commit(t); /* a lost model costs hit rate for a while, never data */
+}
+
+size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap) {
+  if (!c->ev) return 0;
+  pthread_mutex_lock(&c->ev_lock);
+  size_t n = kvt_evict_model_save(c->ev, out, cap);
+  pthread_mutex_unlock(&c->ev_lock);
+  return n;
+}
+
 static int evict_start(kvt_cold *c) {
   if (c->cfg.rdonly) return 0;
   pthread_mutex_init(&c->ev_lock, NULL);
   c->ev_on = 1;
   int rc = kvt_evict_create(c->mem, KVT_MEM_INDEX, c->cfg.evict_policy, &c->ev);
+  if (!rc) evict_model_load(c); /* first: the blocks loaded are ranked by it */
   if (!rc) rc = each_entry(c, evict_load_one, c);
   return rc;
 }
 
 static void evict_stop(kvt_cold *c) {
   if (!c->ev_on) return;
+  evict_model_save(c);
   kvt_evict_free(c->ev);
   c->ev = NULL;
   pthread_mutex_destroy(&c->ev_lock);
@@ -2896,6 +2932,20 @@ static void evict_restore(kvt_cold *c, const kvt_key *keys, size_t n) {
     pthread_mutex_unlock(&c->ev_lock);
   }
   mdb_txn_abort(t);
+}
+
+int kvt_cold_admit(kvt_cold *c, const kvt_key *key, const kvt_key *parent, uint32_t depth,
+                   uint32_t ns, uint64_t rec_bytes) {
+  if (!c->ev || c->cfg.rdonly || c->cfg.evict_policy != KVT_EVICT_LEARNED) return 1;
+  uint64_t segb = c->cfg.segment_bytes, lim = c->cfg.bytes_limit;
+  uint64_t room = lim > 2 * segb ? lim - segb : lim / 2; /* as kvt_cold_evict_for counts it */
+  pthread_mutex_lock(&c->st_lock);
+  uint64_t live = c->st.live_bytes + c->pending_bytes;
+  pthread_mutex_unlock(&c->st_lock);
+  pthread_mutex_lock(&c->ev_lock);
+  int ok = kvt_evict_admit(c->ev, key, parent, depth, ns, live + rec_bytes > room);
+  pthread_mutex_unlock(&c->ev_lock);
+  return ok;
 }
 
 #define KEPT_MAX 4096 /* referenced blocks looked past before giving up */

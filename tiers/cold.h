@@ -151,6 +151,15 @@ void kvt_cold_set_keep(kvt_cold *c, int (*keep)(void *arg, const kvt_key *key), 
  * writer's thread with no cold-tier lock held. */
 void kvt_cold_set_lost(kvt_cold *c, void (*lost)(void *arg, const kvt_key *key));
 
+/* Should a block not indexed yet be written? Under KVT_EVICT_LEARNED the
+ * eviction order's admission (kvt_evict_admit: the tier full, a block
+ * predicted not to outlast what it displaces is not); 1 for every other
+ * order. Counts the access for the model. Leaf locks only. */
+int kvt_cold_admit(kvt_cold *c, const kvt_key *key, const kvt_key *parent, uint32_t depth,
+                   uint32_t ns, uint64_t rec_bytes);
+/* KVT_EVICT_LEARNED's model state as kvt_evict_model_save() gives it (0:
+ * another order, or a reader). Kept in the index across restarts. */
+size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap);
 /* The eviction order (tiers/evict.h) of a writer's blocks. Before a group
  * is written, kvt_cold_evict_for() invalidates blocks one by one in that
  * order - never one keep() says to keep - until the live records and

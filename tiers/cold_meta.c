@@ -70,6 +70,13 @@ int kvt_cold_meta_write(kvt_cold_meta *c, const kvt_key *key, const kvt_key *par
   return 0;
 }
 
+int kvt_cold_meta_admit(kvt_cold_meta *c, const kvt_key *key, const kvt_key *parent,
+                        uint32_t depth, uint32_t ns, uint64_t rec_bytes) {
+  if (kvt_evict_has(c->ev, key)) return 1;
+  int full = kvt_evict_bytes(c->ev) + rec_bytes > c->bytes_limit;
+  return kvt_evict_admit(c->ev, key, parent, depth, ns, full);
+}
+
 int kvt_cold_meta_find(kvt_cold_meta *c, const kvt_key *key) {
   return kvt_evict_touch(c->ev, key) ? 0 : KVT_ENOTFOUND;
 }

@@ -32,6 +32,11 @@ void kvt_cold_meta_set_hooks(kvt_cold_meta *c, int (*keep)(void *arg, const kvt_
  * before that stay evicted, as on disk); -ENOMEM. */
 int kvt_cold_meta_write(kvt_cold_meta *c, const kvt_key *key, const kvt_key *parent,
                         uint64_t rec_bytes);
+/* Should key (not stored), at depth of its chain in namespace ns, be
+ * written now? The eviction order's admission (kvt_evict_admit): always 1
+ * but under KVT_EVICT_LEARNED with the tier full. Counts the access. */
+int kvt_cold_meta_admit(kvt_cold_meta *c, const kvt_key *key, const kvt_key *parent,
+                        uint32_t depth, uint32_t ns, uint64_t rec_bytes);
 /* Is key stored? A hit is a use (touched). 0 or KVT_ENOTFOUND. */
 int kvt_cold_meta_find(kvt_cold_meta *c, const kvt_key *key);
 /* How many of keys[0..n), from the first, are stored; each one a use. */

@@ -26,6 +26,16 @@
 #include <string.h>
 
 #include "tiers/evict.h"
+#include "tiers/reuse_model.h"
+
+/* LEARNED: the horizon of the reuse model is this many tracked blocks of
+ * accesses - about the time a block that is not used again stays in a
+ * full tier under LRU, twice over - and the model remembers this many
+ * blocks the tier does not hold. */
+#define HORIZON_PER_BLOCK 2
+#define HORIZON_MIN 1024
+#define HISTORY_SLOTS (1u << 17)
+#define SAMPLES 128 /* leaves looked at to choose a victim or judge a write */
 
 typedef struct ev_ent {
   kvt_key key, parent;
@@ -33,10 +43,12 @@ typedef struct ev_ent {
   struct ev_ent *prev, *next;  /* LRU list */
   uint64_t bytes;
   uint64_t tick;               /* last use */
+  uint64_t ord;                /* heap order: tick, or LEARNED's predicted end of use */
   uint32_t n_children;         /* tracked entries whose parent this is (CHAIN) */
   int32_t heap_pos;            /* index in heap[!tail], -1 when not a leaf */
   uint8_t has_parent;
   uint8_t tail;                /* a tail as written: not used, no child since added */
+  kvt_reuse_blk rb[];          /* LEARNED only: the block's history for the model */
 } ev_ent;
 
 /* Children tracked while their parent is not. */
@@ -60,6 +72,9 @@ struct kvt_evict {
   ev_ent lru;                  /* sentinel: lru.next is the least recent */
   ev_heap heap[2];             /* leaves: [0] probation (tails), [1] main */
   ev_orphan *orphans[256];     /* by parent key hash; few, but many at open */
+  kvt_reuse *model;            /* LEARNED */
+  uint64_t rng;                /* LEARNED: which leaves to sample (fixed seed: replays repeat) */
+  size_t ent_bytes;            /* one entry (LEARNED's carry the model's history) */
 };
 
 static uint64_t key_hash(const kvt_key *k) {
@@ -145,7 +160,7 @@ static uint32_t orphan_take(kvt_evict *ev, const kvt_key *parent) {
 
 /* ---------- leaf heaps (CHAIN) ---------- */
 
-static int older(const ev_ent *a, const ev_ent *b) { return a->tick < b->tick; }
+static int older(const ev_ent *a, const ev_ent *b) { return a->ord < b->ord; }
 
 static void heap_set(ev_heap *h, size_t i, ev_ent *e) {
   h->v[i] = e;
@@ -232,20 +247,27 @@ static void lru_append(kvt_evict *ev, ev_ent *e) {
 
 int kvt_evict_create(kvt_mem *m, int cat, int policy, kvt_evict **out) {
   *out = NULL;
-  if (policy != KVT_EVICT_CHAIN && policy != KVT_EVICT_LRU && policy != KVT_EVICT_CHAIN_LEAF)
+  if (policy != KVT_EVICT_CHAIN && policy != KVT_EVICT_LRU && policy != KVT_EVICT_CHAIN_LEAF &&
+      policy != KVT_EVICT_LEARNED)
     return KVT_EOPTION;
   kvt_evict *ev = kvt_mem_calloc(m, cat, sizeof *ev);
   if (!ev) return -ENOMEM;
   ev->m = m;
   ev->cat = cat;
   ev->policy = policy;
+  ev->ent_bytes = sizeof(ev_ent) + (policy == KVT_EVICT_LEARNED ? sizeof(kvt_reuse_blk) : 0);
   ev->n_buckets = 1024;
   ev->buckets = kvt_mem_calloc(m, cat, ev->n_buckets * sizeof *ev->buckets);
+  if (ev->buckets && policy == KVT_EVICT_LEARNED && kvt_reuse_create(m, cat, HISTORY_SLOTS, &ev->model)) {
+    kvt_mem_free(m, cat, ev->buckets, ev->n_buckets * sizeof *ev->buckets);
+    ev->buckets = NULL;
+  }
   if (!ev->buckets) {
     kvt_mem_free(m, cat, ev, sizeof *ev);
     return -ENOMEM;
   }
   ev->lru.next = ev->lru.prev = &ev->lru;
+  ev->rng = 0x9E3779B97F4A7C15ull;
   *out = ev;
   return 0;
 }
@@ -255,7 +277,7 @@ void kvt_evict_free(kvt_evict *ev) {
   for (size_t i = 0; i < ev->n_buckets; i++) {
     for (ev_ent *e = ev->buckets[i], *next; e; e = next) {
       next = e->hnext;
-      kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
+      kvt_mem_free(ev->m, ev->cat, e, ev->ent_bytes);
     }
   }
   for (int i = 0; i < 2; i++) kvt_mem_free(ev->m, ev->cat, ev->heap[i].v, ev->heap[i].cap * sizeof(ev_ent *));
@@ -265,13 +287,91 @@ void kvt_evict_free(kvt_evict *ev) {
       kvt_mem_free(ev->m, ev->cat, o, sizeof *o);
     }
   kvt_mem_free(ev->m, ev->cat, ev->buckets, ev->n_buckets * sizeof *ev->buckets);
+  kvt_reuse_free(ev->model);
   kvt_mem_free(ev->m, ev->cat, ev, sizeof *ev);
 }
 
 static int chained(const kvt_evict *ev) { return ev->policy != KVT_EVICT_LRU; }
 
+/* ---------- LEARNED ---------- */
+
+static int learned(const kvt_evict *ev) { return ev->model != NULL; }
+
+/* The horizon follows the tier's size: a full tier's blocks, in accesses. */
+static void set_horizon(kvt_evict *ev) {
+  uint64_t h = HORIZON_PER_BLOCK * ev->count;
+  kvt_reuse_set_horizon(ev->model, h < HORIZON_MIN ? HORIZON_MIN : h);
+}
+
+/* The history of key's chain parent, held or remembered (NULL: none). */
+static const kvt_reuse_blk *parent_hist(const kvt_evict *ev, const kvt_key *parent) {
+  if (!parent || key_zero(parent)) return NULL;
+  const ev_ent *p = find(ev, parent);
+  return p ? p->rb : kvt_reuse_peek(ev->model, parent);
+}
+
+/* Order of a block by its prediction: the access it should have been used
+ * again by (a sure block a horizon after its last use, a hopeless one at
+ * once). The heap gives up the earliest first. */
+static uint64_t predicted_end(const kvt_evict *ev, const kvt_reuse_blk *b) {
+  return b->last + (uint64_t)((double)b->p * (double)kvt_reuse_horizon(ev->model));
+}
+
+/* What a block is still worth: the chance that it is used again within
+ * the horizon given that it has not been for `age` accesses (reuses
+ * taken as spread evenly over the horizon). Past the horizon, below 0 and
+ * the older the lower, so dead blocks go oldest first. */
+static double remaining(const kvt_evict *ev, const kvt_reuse_blk *b) {
+  double h = (double)kvt_reuse_horizon(ev->model), a = (double)(kvt_reuse_now(ev->model) - b->last);
+  double p = b->p;
+  if (a >= h) return -a / h;
+  return p * (h - a) / (h - p * a);
+}
+
+static uint64_t rng_next(kvt_evict *ev) {
+  uint64_t x = ev->rng;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return ev->rng = x;
+}
+
+/* The least worth of SAMPLES leaves not kept (NULL: none found). */
+static ev_ent *sample_leaves(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg,
+                             double *worth) {
+  ev_heap *h = &ev->heap[1];
+  ev_ent *best = NULL;
+  double bw = 0;
+  for (int i = 0; h->n && i < SAMPLES; i++) {
+    ev_ent *e = h->v[rng_next(ev) % h->n];
+    double w = remaining(ev, e->rb);
+    if (best && w >= bw) continue;
+    if (keep && keep(arg, &e->key)) continue;
+    best = e;
+    bw = w;
+  }
+  if (worth) *worth = bw;
+  return best;
+}
+
+static int sampled_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg, ev_ent **out) {
+  ev_ent *e = sample_leaves(ev, keep, arg, NULL);
+  if (!e) return KVT_ENOTFOUND;
+  *out = e;
+  return 0;
+}
+
+static void learned_access(kvt_evict *ev, ev_ent *e) {
+  const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
+  set_horizon(ev);
+  kvt_reuse_access(ev->model, e->rb, ph ? ph->gap : 0);
+  e->ord = predicted_end(ev, e->rb);
+}
+
 static void use(kvt_evict *ev, ev_ent *e) {
   e->tick = ++ev->tick;
+  if (learned(ev)) learned_access(ev, e);
+  else e->ord = e->tick;
   lru_unlink(e);
   lru_append(ev, e);
   int was_tail = e->tail;
@@ -281,21 +381,33 @@ static void use(kvt_evict *ev, ev_ent *e) {
 
 int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes) {
   if (kvt_evict_touch(ev, key)) return -EEXIST;
-  ev_ent *e = kvt_mem_calloc(ev->m, ev->cat, sizeof *e);
+  ev_ent *e = kvt_mem_calloc(ev->m, ev->cat, ev->ent_bytes);
   if (!e) return -ENOMEM;
   e->key = *key;
   e->has_parent = parent && !key_zero(parent);
   if (e->has_parent) e->parent = *parent;
   e->bytes = bytes;
-  e->tick = ++ev->tick;
+  e->tick = e->ord = ++ev->tick;
   e->heap_pos = -1;
-  e->tail = ev->policy == KVT_EVICT_CHAIN; /* CHAIN_LEAF: no probation */
+  /* CHAIN_LEAF: no probation. LEARNED keeps it: whether a block is the
+   * request's last is not known when it is written, only after. */
+  e->tail = ev->policy == KVT_EVICT_CHAIN || ev->policy == KVT_EVICT_LEARNED;
+  if (learned(ev) && !kvt_reuse_recall(ev->model, key, e->rb)) {
+    const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
+    kvt_reuse_blk_init(e->rb, ph ? ph->depth + 1 : 0, ph ? ph->ns : 0);
+  }
+  if (learned(ev) && e->rb->staged) { /* its access was counted by kvt_evict_admit */
+    e->rb->staged = 0;
+    e->ord = predicted_end(ev, e->rb);
+  } else if (learned(ev)) {
+    learned_access(ev, e);
+  }
   if (chained(ev)) {
     e->n_children = orphan_take(ev, key); /* children added before it */
     if (e->n_children) e->tail = 0;       /* extended already */
   }
   if (chained(ev) && !e->n_children && heap_push(ev, heap_of(ev, e), e)) {
-    kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
+    kvt_mem_free(ev->m, ev->cat, e, ev->ent_bytes);
     return -ENOMEM; /* (no children: no orphan count was taken) */
   }
   if (chained(ev) && e->has_parent) { /* the parent is no tail now */
@@ -336,9 +448,10 @@ int kvt_evict_remove(kvt_evict *ev, const kvt_key *key, uint64_t *bytes) {
     if (!p) orphan_add(ev, &e->parent, -1);
   }
   if (chained(ev) && e->n_children) orphan_add(ev, key, e->n_children); /* they stay */
+  if (learned(ev)) kvt_reuse_forget(ev->model, key, e->rb); /* its past, for a later write */
   ev->count--;
   ev->bytes -= e->bytes;
-  kvt_mem_free(ev->m, ev->cat, e, sizeof *e);
+  kvt_mem_free(ev->m, ev->cat, e, ev->ent_bytes);
   return 0;
 }
 
@@ -388,6 +501,7 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *
     rc = lru_victim(ev, keep, arg, &e);
   } else {
     rc = heap_victim(ev, &ev->heap[0], keep, arg, &e); /* tails as written */
+    if (rc && learned(ev)) rc = sampled_victim(ev, keep, arg, &e);
     if (rc) rc = heap_victim(ev, &ev->heap[1], keep, arg, &e);
     /* Only non-leaves are left, all kept children: fall back to recency. */
     if (rc) rc = lru_victim(ev, keep, arg, &e);
@@ -400,3 +514,40 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *
 
 uint64_t kvt_evict_count(const kvt_evict *ev) { return ev->count; }
 uint64_t kvt_evict_bytes(const kvt_evict *ev) { return ev->bytes; }
+
+int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint32_t depth,
+                    uint32_t ns, int full) {
+  if (!learned(ev) || find(ev, key)) return 1; /* (tracked: the write is a touch) */
+  kvt_reuse_blk b;
+  if (!kvt_reuse_recall(ev->model, key, &b)) kvt_reuse_blk_init(&b, depth, ns);
+  b.depth = depth;
+  b.ns = ns;
+  const kvt_reuse_blk *ph = parent_hist(ev, parent);
+  set_horizon(ev);
+  kvt_reuse_access(ev->model, &b, ph ? ph->gap : 0);
+  int admit = 1;
+  if (full && parent && !key_zero(parent) && !find(ev, parent) && !(ph && ph->staged)) {
+    admit = 0; /* its prefix is not stored: no lookup could reach it */
+  } else if (full) {
+    /* It must be worth more than the leaf it would displace. (Tails as
+     * written go first, but the one there is mostly the tail of the
+     * request being written, still referenced.) */
+    double worth;
+    if (sample_leaves(ev, NULL, NULL, &worth)) admit = b.p > worth;
+  }
+  b.staged = (uint8_t)admit;
+  kvt_reuse_forget(ev->model, key, &b);
+  return admit;
+}
+
+size_t kvt_evict_model_save(const kvt_evict *ev, uint8_t *out, size_t cap) {
+  if (!learned(ev) || cap < KVT_REUSE_STATE_BYTES) return 0;
+  kvt_reuse_save(ev->model, out);
+  return KVT_REUSE_STATE_BYTES;
+}
+
+int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len) {
+  if (!learned(ev)) return KVT_EOPTION;
+  return kvt_reuse_load(ev->model, in, len);
+}
+_Static_assert(KVT_REUSE_STATE_BYTES <= KVT_EVICT_MODEL_MAX, "evict.h: model state size");

@@ -99,7 +99,7 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--gpu-tflops", "T", CLI_STR, &c->tflops, 0, 0, "effective GPU TFLOP/s for that default (400)"},
       {"--admit-min-seen", "N", CLI_U64, &c->min_seen, 1, 1u << 20,
        "cold admission: write a block once seen N times (default 1)"},
-      {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: chain (default), chain-leaf, lru"},
+      {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: chain (default), chain-leaf, learned, lru"},
       {"--sweep", NULL, CLI_FLAG, &c->sweep, 0, 0, "replay at several cold capacities, hot and warm at 0"},
       {"--capacities", "LIST", CLI_STR, &c->caps, 0, 0, "sweep capacities (default 1M,2M,3M,5M,10M,20M,50M,inf)"},
       {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg, none with --json)"},
@@ -205,13 +205,17 @@ static int parse_policy(const char *s, int *out)
   if (!s || strcmp(s, "chain") == 0) *out = KVT_EVICT_CHAIN;
   else if (strcmp(s, "lru") == 0) *out = KVT_EVICT_LRU;
   else if (strcmp(s, "chain-leaf") == 0) *out = KVT_EVICT_CHAIN_LEAF;
-  else return bad("--policy", s, "chain, chain-leaf or lru");
+  else if (strcmp(s, "learned") == 0) *out = KVT_EVICT_LEARNED;
+  else return bad("--policy", s, "chain, chain-leaf, learned or lru");
   return CLI_OK;
 }
 
 static const char *policy_name(int p)
 {
-  return p == KVT_EVICT_LRU ? "lru" : p == KVT_EVICT_CHAIN_LEAF ? "chain-leaf" : "chain";
+  return p == KVT_EVICT_LRU          ? "lru"
+         : p == KVT_EVICT_CHAIN_LEAF ? "chain-leaf"
+         : p == KVT_EVICT_LEARNED    ? "learned"
+                                     : "chain";
 }
 
 /* Fold the layers into as few as the limits allow (one, for every model in
