@@ -1,7 +1,9 @@
 /* eval.c - `kvtier eval`: the reference model's loss when its KV cache
  * keeps only part of the context (a policy and a budget) or quantizes it
  * (a codec), against the full cache, on sampled or given token sequences.
- * Optionally writes every observation to a trace (docs/trace-format.md). */
+ * Optionally writes every observation to a trace (docs/trace-format.md),
+ * and the logits of every step to a file (--dump-logits; checks of other
+ * implementations of the model, such as the Python example). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -20,7 +22,7 @@
 #define EVAL_FIRST_TARGET 64u
 
 typedef struct eval_cfg {
-  const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s;
+  const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s, *logits;
   uint64_t sequences, len, seed;
   int show, json;
   double budget;
@@ -46,6 +48,7 @@ typedef struct eval_run {
   uint64_t positions;
   layer_acc *layers;                  /* [n_layers] */
   trace_w *tw;
+  FILE *logits_f;                     /* --dump-logits */
   uint32_t cur_seq;
   kvt_gathered *ret;                  /* scratch for kvt_seq_retained */
   float *sorted;
@@ -53,7 +56,7 @@ typedef struct eval_run {
   kvt_stats st;                       /* the engine's, after the last sequence */
 } eval_run;
 
-#define EVAL_N_OPTS 12
+#define EVAL_N_OPTS 13
 
 static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
   const cli_opt opts[EVAL_N_OPTS] = {
@@ -73,6 +76,8 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "evaluate these token ids (one sequence a line) instead of sampling"},
       {"--dump-trace", "FILE", CLI_STR, &c->trace, 0, 0,
        "write every step's per-layer block masses (docs/trace-format.md)"},
+      {"--dump-logits", "FILE", CLI_STR, &c->logits, 0, 0,
+       "write each step's logits with kvtier's cache (raw f32, docs/refmodel.md)"},
       {"--show", NULL, CLI_FLAG, &c->show, 0, 0, "print the text of the first sequence"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
   };
@@ -86,7 +91,7 @@ void eval_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
           "                   [--policy P] [--codec C] [--input FILE] [--dump-trace FILE]\n"
-          "                   [--show] [--json]\n\n"
+          "                   [--dump-logits FILE] [--show] [--json]\n\n"
           "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
           "Samples N sequences of L tokens from the model with a full cache (temperature\n"
           "1, seeded; a story that ends is followed by a new one), or reads them with\n"
@@ -237,6 +242,10 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
     if ((rc = rm_dec_step(&full, tok[p], &lf)) || (rc = rm_dec_step(&d, tok[p], &lc)) ||
         (rc = r->cb_rc))
       break;
+    if (r->logits_f && fwrite(lc, sizeof *lc, V, r->logits_f) != V) {
+      rc = -errno;
+      break;
+    }
     if (p + 1 < EVAL_FIRST_TARGET) continue;
     rm_log_softmax(lf, V, lp_full);
     rm_log_softmax(lc, V, lp);
@@ -397,6 +406,11 @@ static int eval_main(eval_run *r, const char *dir) {
       return CLI_FAIL;
     }
   }
+  if (r->cfg.logits && !(r->logits_f = fopen(r->cfg.logits, "wb"))) {
+    free(lp);
+    fprintf(stderr, "kvtier eval: %s: %s\n", r->cfg.logits, strerror(errno));
+    return CLI_FAIL;
+  }
   for (size_t i = 0; i < n && rc == CLI_OK; i++) {
     progress("eval: sequence %zu of %zu", i + 1, n);
     int e = eval_one(r, i, lp, lp + V);
@@ -410,6 +424,14 @@ static int eval_main(eval_run *r, const char *dir) {
     r->tw = NULL;
     if (e && rc == CLI_OK) {
       fprintf(stderr, "kvtier eval: writing %s: %s\n", r->cfg.trace, strerror(-e));
+      rc = CLI_FAIL;
+    }
+  }
+  if (r->logits_f) {
+    int bad = ferror(r->logits_f) | fclose(r->logits_f);
+    r->logits_f = NULL;
+    if (bad && rc == CLI_OK) {
+      fprintf(stderr, "kvtier eval: writing %s: %s\n", r->cfg.logits, strerror(errno));
       rc = CLI_FAIL;
     }
   }
@@ -444,6 +466,7 @@ int cmd_eval(int argc, char **argv) {
     }
   }
   if (r->tw) trace_close(r->tw);
+  if (r->logits_f) fclose(r->logits_f);
   eval_free(r);
   free(r);
   return rc;
