@@ -12,7 +12,7 @@ import ctypes.util
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int,
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
-from typing import List, Optional
+from typing import Any, List, Optional
 
 N_TIERS = 4
 TIER_NAMES = ("none", "hot", "warm", "cold")
@@ -229,6 +229,21 @@ def _resolved(name: str) -> str:
 lib = _load()
 _declare(lib)
 library_path: str = _resolved(lib._name)
+
+
+def _untyped(name: str) -> Any:
+    """A second handle on a C function, without argtypes: the hot loops
+    (Sequence.put/gather and their token-block forms) pass it ctypes
+    objects they built once, which skips per-call argument conversion
+    (about a microsecond of an eight-argument call). Every argument must
+    then be a ctypes object of the exact C type, or None for NULL."""
+    fn = lib[name]  # a new function object; lib.<name> keeps its argtypes
+    fn.restype = _PROTOTYPES[name][0]
+    return fn
+
+
+raw_seq_put = _untyped("kvt_seq_put")
+raw_seq_gather = _untyped("kvt_seq_gather")
 
 
 def strerror(code: int) -> str:

@@ -100,8 +100,18 @@ def _tokens(tokens: Tokens) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.uint32).reshape(-1)
 
 
+_addressof = ctypes.addressof
+_from_buffer = ctypes.c_char.from_buffer
+
+
 def _ptr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
+    """The address of a's first byte. Through the buffer protocol where
+    a is writeable and not empty (several times cheaper than
+    __array_interface__, which builds a dict); else numpy's own."""
+    try:
+        return _addressof(_from_buffer(a))
+    except (TypeError, ValueError):
+        return a.__array_interface__["data"][0]
 
 
 def _check_array(name: str, a: Any, writeable: bool = False) -> np.ndarray:
@@ -190,7 +200,12 @@ class Engine(_Handle):
             info = _lib.ErrorInfo()
             if lib.kvt_last_error(self._h, byref(info)) == 0 and info.code == rc:
                 detail = info.message.decode(errors="replace")
-        msg = detail or f"{call}: {_lib.strerror(rc)}"
+        if not detail:
+            msg = f"{call}: {_lib.strerror(rc)}"
+        elif detail.startswith(call + ":"):
+            msg = detail
+        else:  # the call says more (which layer): keep both
+            msg = f"{call}: {detail}"
         return E.make_error(rc, msg, call, detail, cls)
 
     def _adopt(self, child: _Handle) -> None:
@@ -471,6 +486,13 @@ class Sequence(_Handle):
         self._h = h
         self._kv = _lib.KV()
         self._kv.dtype = ns.dtype
+        self._kv_ref = byref(self._kv)
+        # reused by the calls of this sequence (one thread at a time uses it):
+        # the untyped fast calls take these ctypes objects as they are
+        self._each, self._n = c_size_t(), c_size_t()
+        self._each_ref, self._n_ref = byref(self._each), byref(self._n)
+        self._hc, self._blk, self._lay = c_void_p(h), c_uint32(), c_uint32()
+        self._pk, self._pv, self._zero = c_void_p(), c_void_p(), c_size_t(0)
         self.engine._adopt(self)
 
     def release(self) -> None:
@@ -530,9 +552,99 @@ class Sequence(_Handle):
         [block_tokens, n_kv_heads, head_dim] array of the namespace dtype,
         read in place by the library (no copy here). A wrong shape or
         dtype raises ShapeError with KVT_ESHAPE or KVT_EDTYPE."""
-        kv = self._kv_of(k, v)
-        self.engine._check(lib.kvt_seq_put(self._live("sequence"), block, layer, byref(kv)),
-                           "kvt_seq_put")
+        ns, kv = self.ns, self._kv
+        self._h or self._live("sequence")
+        # fast path: the common case checked in a few attribute reads
+        if (type(k) is np.ndarray and type(v) is np.ndarray and k.flags.carray
+                and v.flags.carray and k.dtype is ns.np_dtype and v.dtype is ns.np_dtype
+                and k.shape == ns.block_shape and v.shape == ns.block_shape):
+            kv.k, kv.v = _ptr(k), _ptr(v)
+            kv.dtype = ns.dtype
+            kv.n_tokens, kv.n_heads, kv.head_dim = ns.block_shape
+        else:
+            self._kv_of(k, v)  # every check, each with its own message
+        self._blk.value, self._lay.value = block, layer
+        rc = _lib.raw_seq_put(self._hc, self._blk, self._lay, self._kv_ref)
+        if rc:
+            self.engine._check(rc, "kvt_seq_put")
+
+    def put_layers(self, block: int, k: np.ndarray, v: np.ndarray, first_layer: int = 0) -> None:
+        """Put several layers of one token block in one call: k and v are
+        C-contiguous [n, block_tokens, n_kv_heads, head_dim] arrays (a whole
+        token block when n is n_layers), read in place; layer first_layer + i
+        gets k[i], v[i]. Checked once, then one kvt_seq_put() per layer. On
+        a failure the layers before the failing one are put (as with
+        separate put() calls); the error names the layer."""
+        ns = self.ns
+        for name, a in (("k", k), ("v", v)):
+            _check_array(name, a)
+            if a.dtype is not ns.np_dtype and a.dtype != ns.np_dtype:
+                raise E.ShapeError(E.EDTYPE, f"{name} has dtype {a.dtype}, the namespace "
+                                   f"{ns.np_dtype}", "put_layers")
+            if a.ndim != 4 or a.shape[1:] != ns.block_shape:
+                raise E.ShapeError(E.ESHAPE, f"{name} must be [layers, "
+                                   f"{', '.join(map(str, ns.block_shape))}], got "
+                                   f"{list(a.shape)}", "put_layers")
+        if k.shape != v.shape:
+            raise E.ShapeError(E.ESHAPE, f"k is {list(k.shape)}, v {list(v.shape)}: they must "
+                               "match", "put_layers")
+        n = k.shape[0]
+        if first_layer < 0 or first_layer + n > ns.n_layers:
+            raise E.NotFoundError(E.ENOTFOUND, f"layers {first_layer}..{first_layer + n - 1}: "
+                                  f"the namespace has {ns.n_layers}", "put_layers")
+        self._live("sequence")
+        kv, ref, put, step = self._kv, self._kv_ref, _lib.raw_seq_put, ns.block_bytes
+        hc, blk, lay = self._hc, self._blk, self._lay
+        kv.dtype = ns.dtype
+        kv.n_tokens, kv.n_heads, kv.head_dim = ns.block_shape
+        blk.value = block
+        pk, pv = _ptr(k), _ptr(v)
+        for i, off in enumerate(range(0, n * step, step)):
+            kv.k, kv.v = pk + off, pv + off
+            lay.value = first_layer + i
+            rc = put(hc, blk, lay, ref)
+            if rc:
+                raise self.engine._error(rc, f"kvt_seq_put (layer {first_layer + i})")
+
+    def gather_layers(self, k_out: np.ndarray, v_out: np.ndarray,
+                      first_layer: int = 0) -> List[int]:
+        """Gather several layers in one call, each into its slice of
+        caller-owned arrays [n, capacity_tokens, n_kv_heads, head_dim]:
+        layer first_layer + i into k_out[i], v_out[i] (kvt_seq_gather per
+        layer). Returns the tokens written per layer (k_out[i, :t[i]]).
+        Raises as gather() does, naming the layer; layers before it are
+        written."""
+        ns = self.ns
+        for name, a in (("k_out", k_out), ("v_out", v_out)):
+            ns._out_array(name, a)
+            if a.ndim != 4 or a.shape[2:] != ns.block_shape[1:]:
+                raise E.ShapeError(E.ESHAPE, f"{name} must be [layers, tokens, "
+                                   f"{ns.n_kv_heads}, {ns.head_dim}], got {list(a.shape)}",
+                                   "gather_layers")
+        if k_out.shape != v_out.shape:
+            raise E.ShapeError(E.ESHAPE, f"k_out is {list(k_out.shape)}, v_out "
+                               f"{list(v_out.shape)}: they must match", "gather_layers")
+        n = k_out.shape[0]
+        if first_layer < 0 or first_layer + n > ns.n_layers:
+            raise E.NotFoundError(E.ENOTFOUND, f"layers {first_layer}..{first_layer + n - 1}: "
+                                  f"the namespace has {ns.n_layers}", "gather_layers")
+        self._live("sequence")
+        step = k_out.nbytes // n if n else 0
+        per_token = ns.block_bytes // ns.block_tokens
+        pk, pv = _ptr(k_out), _ptr(v_out)
+        each, each_ref, n_ref, gather = self._each, self._each_ref, self._n_ref, _lib.raw_seq_gather
+        hc, lay, ck, cv, zero = self._hc, self._lay, self._pk, self._pv, self._zero
+        out = []
+        for i, off in enumerate(range(0, n * step, step)):
+            each.value = step
+            lay.value, ck.value, cv.value = first_layer + i, pk + off, pv + off
+            rc = gather(hc, lay, ck, cv, each_ref, None, zero, n_ref)
+            if rc:
+                if rc == E.ENOTRESIDENT:
+                    raise self._not_resident(first_layer + i, "kvt_seq_gather")
+                raise self.engine._error(rc, f"kvt_seq_gather (layer {first_layer + i})")
+            out.append(each.value)
+        return [b // per_token for b in out]
 
     def _kv_of(self, k: Any, v: Any) -> _lib.KV:
         _check_array("k", k)
@@ -587,7 +699,26 @@ class Sequence(_Handle):
         (arrays [capacity_tokens, n_kv_heads, head_dim]; too small raises
         KVT_EBUFSIZE and writes nothing), else into new arrays. Returns
         views of the tokens written: k_out[:n], v_out[:n]."""
-        h = self._live("sequence")
+        h = self._h or self._live("sequence")
+        ns = self.ns
+        # fast path: caller arrays of the namespace dtype, writeable, contiguous
+        if (type(k_out) is np.ndarray and type(v_out) is np.ndarray and k_out.flags.carray
+                and v_out.flags.carray and k_out.dtype is ns.np_dtype
+                and v_out.dtype is ns.np_dtype and k_out.ndim == 3
+                and k_out.shape == v_out.shape and k_out.shape[1:] == ns.block_shape[1:]):
+            each = self._each
+            each.value = k_out.nbytes
+            self._lay.value, self._pk.value, self._pv.value = layer, _ptr(k_out), _ptr(v_out)
+            rc = _lib.raw_seq_gather(self._hc, self._lay, self._pk, self._pv, self._each_ref,
+                                     None, self._zero, self._n_ref)
+            if rc == 0:
+                t = each.value // (ns.block_bytes // ns.block_tokens)
+                if t == k_out.shape[0]:
+                    return k_out, v_out
+                return k_out[:t], v_out[:t]
+            if rc == E.ENOTRESIDENT:
+                raise self._not_resident(layer, "kvt_seq_gather")
+            raise self.engine._error(rc, "kvt_seq_gather")
         each, n = c_size_t(0), c_size_t(0)
         if k_out is None and v_out is None:  # size query, then exact arrays
             rc = lib.kvt_seq_gather(h, layer, None, None, byref(each), None, 0, byref(n))

@@ -37,37 +37,70 @@ def test_put_gather_read_round_trip_bit_exact(engine, dtype):
 
 
 class _Spy:
-    """Stands in for the library to see the pointers a call receives."""
+    """Stands in for the library's put and gather calls to see the
+    pointers they receive."""
 
-    def __init__(self, real):
-        self.real, self.seen = real, []
+    def __init__(self):
+        self.seen = []
+        self.put, self.gather = kvtier._lib.raw_seq_put, kvtier._lib.raw_seq_gather
 
-    def __getattr__(self, name):
-        fn = getattr(self.real, name)
-        if name not in ("kvt_seq_put", "kvt_seq_gather"):
-            return fn
+    def raw_put(self, h, block, layer, kv_ref):
+        kv = kv_ref._obj  # the kvt_kv struct byref() points at
+        self.seen.append((kv.k, kv.v))
+        return self.put(h, block, layer, kv_ref)
 
-        def call(*args):
-            if name == "kvt_seq_put":
-                kv = ctypes.cast(args[3], ctypes.POINTER(kvtier._lib.KV)).contents
-                self.seen.append((kv.k, kv.v))
-            else:
-                self.seen.append((args[2], args[3]))
-            return fn(*args)
-        return call
+    def raw_gather(self, h, layer, k, v, *rest):
+        self.seen.append((k.value, v.value))
+        return self.gather(h, layer, k, v, *rest)
 
 
-def test_put_and_gather_pass_the_callers_memory(engine, monkeypatch):
+@pytest.mark.parametrize("token_block_calls", [False, True])
+def test_put_and_gather_pass_the_callers_memory(engine, monkeypatch, token_block_calls):
     ns = make_ns(engine)
-    spy = _Spy(kengine.lib)
-    monkeypatch.setattr(kengine, "lib", spy)
-    k, v = rand_block(ns, 1)
-    k_out, v_out = ns.empty_block(2), ns.empty_block(2)
+    spy = _Spy()
+    monkeypatch.setattr(kvtier._lib, "raw_seq_put", spy.raw_put)
+    monkeypatch.setattr(kvtier._lib, "raw_seq_gather", spy.raw_gather)
+    k = np.stack([rand_block(ns, i)[0] for i in range(ns.n_layers)])
+    v = np.stack([rand_block(ns, i)[1] for i in range(ns.n_layers)])
+    k_out = np.empty((ns.n_layers, 32, ns.n_kv_heads, ns.head_dim), np.float32)
+    v_out = np.empty_like(k_out)
     with ns.sequence() as s:
-        s.put(s.append(range(16)).block, 0, k, v)
-        s.gather(0, k_out, v_out)
-    assert spy.seen[0] == (k.ctypes.data, v.ctypes.data)
-    assert spy.seen[1] == (k_out.ctypes.data, v_out.ctypes.data)
+        b = s.append(range(16)).block
+        if token_block_calls:
+            s.put_layers(b, k, v)
+            assert s.gather_layers(k_out, v_out) == [16] * ns.n_layers
+        else:
+            for layer in range(ns.n_layers):
+                s.put(b, layer, k[layer], v[layer])
+            for layer in range(ns.n_layers):
+                s.gather(layer, k_out[layer], v_out[layer])
+    L, step, ostep = ns.n_layers, k[0].nbytes, k_out[0].nbytes
+    assert spy.seen[:L] == [(k.ctypes.data + i * step, v.ctypes.data + i * step)
+                            for i in range(L)]
+    assert spy.seen[L:] == [(k_out.ctypes.data + i * ostep, v_out.ctypes.data + i * ostep)
+                            for i in range(L)]
+    assert np.array_equal(k_out[:, :16], k) and np.array_equal(v_out[:, :16], v)
+
+
+def test_token_block_calls_check_their_arrays(engine):
+    ns = make_ns(engine)
+    k = np.zeros((ns.n_layers,) + ns.block_shape, np.float32)
+    with ns.sequence() as s:
+        b = s.append(range(16)).block
+        with pytest.raises(kvtier.ShapeError) as ei:
+            s.put_layers(b, k[:, :8].copy(), k[:, :8].copy())
+        assert ei.value.code == E.ESHAPE
+        with pytest.raises(kvtier.ShapeError) as ei:
+            s.put_layers(b, k.astype(np.float16), k.astype(np.float16))
+        assert ei.value.code == E.EDTYPE
+        with pytest.raises(kvtier.NotFoundError):
+            s.put_layers(b, k, k, first_layer=1)  # layers 1..3 of 3
+        assert engine.stats()["puts"] == 0
+        s.put_layers(b, k, k)
+        small = np.zeros((ns.n_layers, 8, ns.n_kv_heads, ns.head_dim), np.float32)
+        with pytest.raises(kvtier.ShapeError) as ei:
+            s.gather_layers(small, small.copy())
+        assert ei.value.code == E.EBUFSIZE and "layer 0" in str(ei.value)
 
 
 def test_gather_writes_into_the_callers_arrays(engine):
