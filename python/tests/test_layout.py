@@ -1,7 +1,7 @@
-"""test_layout.py - the ctypes structs of kvtier/_lib.py have the size and
-field offsets of include/kvtier.h's, as the C compiler lays them out. A
-field added in C and not in Python would otherwise let the library write
-past a Python-owned struct. Needs a C compiler (cc, or $CC); skipped
+"""test_layout.py - the ctypes structs of kvtier/_lib.py have the size,
+field offsets and field sizes of include/kvtier.h's, as the C compiler
+lays them out. A field added in C and not in Python would otherwise let
+the library write past a Python-owned struct. Needs a C compiler (cc, or $CC); skipped
 without one."""
 import ctypes
 import os
@@ -32,7 +32,8 @@ def test_structs_match_the_header(tmp_path):
     for cname, py in STRUCTS.items():
         lines.append(f'  printf("{cname} %zu\\n", sizeof({cname}));')
         for f in py._fields_:
-            lines.append(f'  printf("{cname}.{f[0]} %zu\\n", offsetof({cname}, {f[0]}));')
+            lines.append(f'  printf("{cname}.{f[0]} %zu+%zu\\n", offsetof({cname}, {f[0]}), '
+                         f'sizeof((({cname} *)0)->{f[0]}));')
     lines += ["  return 0;", "}"]
     (tmp_path / "layout.c").write_text("\n".join(lines) + "\n")
     subprocess.run([cc, "-std=c11", "-I", os.path.join(SRC, "include"), "-o",
@@ -44,6 +45,7 @@ def test_structs_match_the_header(tmp_path):
     for cname, st in STRUCTS.items():
         py[cname] = str(ctypes.sizeof(st))
         for f in st._fields_:
-            py[f"{cname}.{f[0]}"] = str(getattr(st, f[0]).offset)
+            d = getattr(st, f[0])
+            py[f"{cname}.{f[0]}"] = f"{d.offset}+{d.size}"
     diff = {k: (c[k], py[k]) for k in c if c[k] != py[k]}
     assert not diff, f"(C, Python) differ: {diff}"
