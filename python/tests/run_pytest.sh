@@ -17,4 +17,7 @@ for m in numpy pytest; do
   "$PY" -c "import $m" 2>/dev/null || { echo "SKIP: $PY has no $m (apt-get install python3-$m)"; exit 77; }
 done
 export KVTIER_LIB=$LIB PYTHONPATH=$HERE/..${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
-cd "$HERE" && exec "$PY" -m pytest -p no:cacheprovider -rs -v "$HERE"
+# pytest's scratch directories (stores, logits) go here and are removed
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-pytest.XXXXXX") || exit 1
+trap 'rm -rf "$TMP"' EXIT
+cd "$HERE" && "$PY" -m pytest -p no:cacheprovider -rs -v --basetemp "$TMP/pt" "$HERE"
