@@ -161,7 +161,15 @@ _PROTOTYPES = {
     "kvt_shape_block_bytes": (c_size_t, [_P(Shape)]),
     "kvt_cold_record_bytes": (c_uint64, [_P(Shape)]),
     "kvt_codec_size": (c_size_t, [c_int, c_void_p]),
+    # newer calls: bound when the library has them (see OPTIONAL)
+    "kvt_seq_put_layers": (c_int, [c_void_p, c_uint32, c_uint32, c_uint32, _P(KV), c_size_t,
+                                   _u32p]),
+    "kvt_seq_gather_layers": (c_int, [c_void_p, c_uint32, c_uint32, c_void_p, c_void_p, c_size_t,
+                                      _P(c_size_t), _u32p]),
 }
+# Calls an older libkvtier.so may lack: has(name) says whether it is bound,
+# and the binding falls back to what it did before them.
+OPTIONAL = {"kvt_seq_put_layers", "kvt_seq_gather_layers"}
 
 _SONAME = "libkvtier.so.0"
 
@@ -207,9 +215,19 @@ def _load() -> ctypes.CDLL:
 
 def _declare(lib: ctypes.CDLL) -> None:
     for name, (res, args) in _PROTOTYPES.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            if name in OPTIONAL:
+                continue
+            raise ImportError(f"kvtier: {lib._name} has no {name}: an older library?")
         fn.restype = res
         fn.argtypes = args
+
+
+def has(name: str) -> bool:
+    """Whether the loaded library has C function name."""
+    return hasattr(lib, name)
 
 
 def _resolved(name: str) -> str:

@@ -42,6 +42,8 @@ _DTYPE_NAMES = {"f32": F32, "float32": F32, "f16": F16, "float16": F16, "bf16": 
                 "bfloat16": BF16}
 
 Tokens = Union[Seq[int], np.ndarray]
+# kvt_seq_put_layers / kvt_seq_gather_layers: one C call per token block
+_HAS_LAYER_CALLS = _lib.has("kvt_seq_put_layers") and _lib.has("kvt_seq_gather_layers")
 
 
 class AppendInfo(NamedTuple):
@@ -592,13 +594,20 @@ class Sequence(_Handle):
         if first_layer < 0 or first_layer + n > ns.n_layers:
             raise E.NotFoundError(E.ENOTFOUND, f"layers {first_layer}..{first_layer + n - 1}: "
                                   f"the namespace has {ns.n_layers}", "put_layers")
-        self._live("sequence")
+        h = self._live("sequence")
         kv, ref, put, step = self._kv, self._kv_ref, _lib.raw_seq_put, ns.block_bytes
         hc, blk, lay = self._hc, self._blk, self._lay
         kv.dtype = ns.dtype
         kv.n_tokens, kv.n_heads, kv.head_dim = ns.block_shape
         blk.value = block
         pk, pv = _ptr(k), _ptr(v)
+        if _HAS_LAYER_CALLS:  # one C call for every layer
+            kv.k, kv.v = pk, pv
+            done = c_uint32()
+            rc = lib.kvt_seq_put_layers(h, block, first_layer, n, ref, step, byref(done))
+            if rc:
+                raise self.engine._error(rc, f"kvt_seq_put (layer {first_layer + done.value})")
+            return
         for i, off in enumerate(range(0, n * step, step)):
             kv.k, kv.v = pk + off, pv + off
             lay.value = first_layer + i
@@ -628,10 +637,20 @@ class Sequence(_Handle):
         if first_layer < 0 or first_layer + n > ns.n_layers:
             raise E.NotFoundError(E.ENOTFOUND, f"layers {first_layer}..{first_layer + n - 1}: "
                                   f"the namespace has {ns.n_layers}", "gather_layers")
-        self._live("sequence")
+        h = self._live("sequence")
         step = k_out.nbytes // n if n else 0
         per_token = ns.block_bytes // ns.block_tokens
         pk, pv = _ptr(k_out), _ptr(v_out)
+        if _HAS_LAYER_CALLS and n:  # one C call for every layer
+            got, done = (c_size_t * n)(), c_uint32()
+            got[0] = step
+            rc = lib.kvt_seq_gather_layers(h, first_layer, n, pk, pv, step, got, byref(done))
+            if rc:
+                bad = first_layer + done.value
+                if rc == E.ENOTRESIDENT:
+                    raise self._not_resident(bad, "kvt_seq_gather")
+                raise self.engine._error(rc, f"kvt_seq_gather (layer {bad})")
+            return [b // per_token for b in got]
         each, each_ref, n_ref, gather = self._each, self._each_ref, self._n_ref, _lib.raw_seq_gather
         hc, lay, ck, cv, zero = self._hc, self._lay, self._pk, self._pv, self._zero
         out = []

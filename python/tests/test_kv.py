@@ -54,12 +54,39 @@ class _Spy:
         return self.gather(h, layer, k, v, *rest)
 
 
+class _LibSpy:
+    """Stands in for the typed library handle: records what the one-call
+    forms (kvt_seq_put_layers, kvt_seq_gather_layers) receive, as the
+    per-layer pointers they imply."""
+
+    def __init__(self, real, n_layers):
+        self.real, self.n, self.seen = real, n_layers, []
+
+    def __getattr__(self, name):
+        fn = getattr(self.real, name)
+        if name == "kvt_seq_put_layers":
+            def call(h, block, first, n, kv_ref, stride, done):
+                kv = kv_ref._obj
+                self.seen += [(kv.k + i * stride, kv.v + i * stride) for i in range(n)]
+                return fn(h, block, first, n, kv_ref, stride, done)
+            return call
+        if name == "kvt_seq_gather_layers":
+            def call(h, first, n, k, v, stride, *rest):
+                self.seen += [(k + i * stride, v + i * stride) for i in range(n)]
+                return fn(h, first, n, k, v, stride, *rest)
+            return call
+        return fn
+
+
 @pytest.mark.parametrize("token_block_calls", [False, True])
 def test_put_and_gather_pass_the_callers_memory(engine, monkeypatch, token_block_calls):
     ns = make_ns(engine)
     spy = _Spy()
     monkeypatch.setattr(kvtier._lib, "raw_seq_put", spy.raw_put)
     monkeypatch.setattr(kvtier._lib, "raw_seq_gather", spy.raw_gather)
+    if token_block_calls and kengine._HAS_LAYER_CALLS:
+        spy = _LibSpy(kengine.lib, ns.n_layers)
+        monkeypatch.setattr(kengine, "lib", spy)
     k = np.stack([rand_block(ns, i)[0] for i in range(ns.n_layers)])
     v = np.stack([rand_block(ns, i)[1] for i in range(ns.n_layers)])
     k_out = np.empty((ns.n_layers, 32, ns.n_kv_heads, ns.head_dim), np.float32)
