@@ -873,6 +873,34 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
 int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                    float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks);
 
+/** kvt_seq_put() of layers first_layer .. first_layer + n_layers - 1 of
+ * token block `block` in one call, for callers that pay per call (the
+ * Python binding): layer first_layer + i reads kv->k and kv->v advanced by
+ * i * layer_stride bytes (a [layers][tokens][heads][dim] array has
+ * layer_stride = one layer block's bytes); the other fields of *kv apply
+ * to every layer. The layers are put in order, each exactly as by
+ * kvt_seq_put(); the first failure stops the loop.
+ * @param n_done may be NULL; receives the number of layers put.
+ * @return 0; KVT_ENULL; KVT_ECOUNT (n_layers 0); else the first failing
+ *   kvt_seq_put()'s code (the layers before it are put). */
+int kvt_seq_put_layers(kvt_seq *s, uint32_t block, uint32_t first_layer, uint32_t n_layers,
+                       const kvt_kv *kv, size_t layer_stride, uint32_t *n_done);
+
+/** kvt_seq_gather() of layers first_layer .. first_layer + n_layers - 1
+ * in one call: layer first_layer + i into k_out and v_out advanced by
+ * i * layer_stride bytes.
+ * @param bytes_each [n_layers]; in: bytes_each[0] is the capacity of each
+ *   layer's slice (at most layer_stride); out: bytes_each[i] the bytes
+ *   written for layer first_layer + i.
+ * @param n_done may be NULL; receives the number of layers gathered.
+ * @return 0; KVT_ENULL; KVT_ECOUNT (n_layers 0); KVT_EBUFSIZE
+ *   (layer_stride below the capacity: slices would overlap); else the
+ *   first failing kvt_seq_gather()'s code (the layers before it are
+ *   written; that layer's slice and the rest are not). */
+int kvt_seq_gather_layers(kvt_seq *s, uint32_t first_layer, uint32_t n_layers, void *k_out,
+                          void *v_out, size_t layer_stride, size_t *bytes_each,
+                          uint32_t *n_done);
+
 /** @} */
 
 /** @defgroup policy Retention policy and observation

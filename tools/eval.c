@@ -1,7 +1,9 @@
 /* eval.c - `kvtier eval`: the reference model's loss when its KV cache
  * keeps only part of the context (a policy and a budget) or quantizes it
  * (a codec), against the full cache, on sampled or given token sequences.
- * Optionally writes every observation to a trace (docs/trace-format.md). */
+ * Optionally writes every observation to a trace (docs/trace-format.md),
+ * and the logits of every step to a file (--dump-logits; checks of other
+ * implementations of the model, such as the Python example). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -25,7 +27,7 @@
 #define EVAL_HORIZON 32u
 
 typedef struct eval_cfg {
-  const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s;
+  const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s, *logits;
   const char *profile, *predictor;
   uint64_t sequences, len, seed, block_tokens;
   int show, json;
@@ -54,6 +56,7 @@ typedef struct eval_run {
   uint64_t positions;
   layer_acc *layers;                  /* [n_layers] */
   trace_w *tw;
+  FILE *logits_f;                     /* --dump-logits */
   uint32_t cur_seq;
   kvt_gathered *ret;                  /* scratch for kvt_seq_retained */
   float *sorted;
@@ -71,7 +74,7 @@ typedef struct eval_run {
   kvt_stats st;                       /* the engine's, after the last sequence */
 } eval_run;
 
-#define EVAL_N_OPTS 15
+#define EVAL_N_OPTS 16
 
 static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
   const cli_opt opts[EVAL_N_OPTS] = {
@@ -97,6 +100,8 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "evaluate these token ids (one sequence a line) instead of sampling"},
       {"--dump-trace", "FILE", CLI_STR, &c->trace, 0, 0,
        "write every step's per-layer block masses (docs/trace-format.md)"},
+      {"--dump-logits", "FILE", CLI_STR, &c->logits, 0, 0,
+       "write each step's logits with kvtier's cache (raw f32, docs/refmodel.md)"},
       {"--show", NULL, CLI_FLAG, &c->show, 0, 0, "print the text of the first sequence"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
   };
@@ -109,8 +114,9 @@ void eval_usage(FILE *f) {
   eval_opts(&c, o);
   fprintf(f,
           "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
-          "                   [--policy P] [--codec C] [--input FILE] [--dump-trace FILE]\n"
-          "                   [--show] [--json]\n\n"
+          "                   [--policy P] [--profile FILE] [--predictor FILE]\n"
+          "                   [--block-tokens N] [--codec C] [--input FILE]\n"
+          "                   [--dump-trace FILE] [--dump-logits FILE] [--show] [--json]\n\n"
           "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
           "Samples N sequences of L tokens from the model with a full cache (temperature\n"
           "1, seeded; a story that ends is followed by a new one), or reads them with\n"
@@ -370,6 +376,10 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
     if ((rc = rm_dec_step(&full, tok[p], &lf)) || (rc = rm_dec_step(&d, tok[p], &lc)) ||
         (rc = r->cb_rc))
       break;
+    if (r->logits_f && fwrite(lc, sizeof *lc, V, r->logits_f) != V) {
+      rc = -errno;
+      break;
+    }
     if (p + 1 < EVAL_FIRST_TARGET) continue;
     r->kept_n++;
     r->over_positions += (uint64_t)r->over_now;
@@ -559,6 +569,11 @@ static int eval_main(eval_run *r, const char *dir) {
       return CLI_FAIL;
     }
   }
+  if (r->cfg.logits && !(r->logits_f = fopen(r->cfg.logits, "wb"))) {
+    free(lp);
+    fprintf(stderr, "kvtier eval: %s: %s\n", r->cfg.logits, strerror(errno));
+    return CLI_FAIL;
+  }
   for (size_t i = 0; i < n && rc == CLI_OK; i++) {
     progress("eval: sequence %zu of %zu", i + 1, n);
     int e = eval_one(r, i, lp, lp + V);
@@ -572,6 +587,14 @@ static int eval_main(eval_run *r, const char *dir) {
     r->tw = NULL;
     if (e && rc == CLI_OK) {
       fprintf(stderr, "kvtier eval: writing %s: %s\n", r->cfg.trace, strerror(-e));
+      rc = CLI_FAIL;
+    }
+  }
+  if (r->logits_f) {
+    int bad = ferror(r->logits_f) | fclose(r->logits_f);
+    r->logits_f = NULL;
+    if (bad && rc == CLI_OK) {
+      fprintf(stderr, "kvtier eval: writing %s: %s\n", r->cfg.logits, strerror(errno));
       rc = CLI_FAIL;
     }
   }
@@ -606,6 +629,7 @@ int cmd_eval(int argc, char **argv) {
     }
   }
   if (r->tw) trace_close(r->tw);
+  if (r->logits_f) fclose(r->logits_f);
   eval_free(r);
   free(r);
   return rc;
