@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "tool_files.h"
+
 #define PY "/usr/bin/python3"
 
 static const char *bin, *src;
@@ -256,11 +258,44 @@ static void test_refuses(void **state) {
   assert_has("use", "err", "--model-id and --fingerprint");
 }
 
+/* --model: the namespace kvtier warm gives that checkpoint, so warm then
+ * finds every imported block stored and computes nothing. */
+static void test_model_namespace(void **state) {
+  (void)state;
+  need_tools();
+  char model[4200];
+  snprintf(model, sizeof model, "%s/tiny.bin", tmp);
+  assert_int_equal(tf_write_model(model, 64, 64), 0); /* 2 layers, 2 KV heads of 4 */
+  int rc = run("gm", PY " '%s/tests/gen_safetensors.py' --out '%s/m.st' --tokens-out '%s/m.tok' "
+               "--layers 2 --tokens 37 --heads 2 --dim 4 --dtype f32 --first-token 1", src, tmp,
+               tmp);
+  assert_int_equal(rc, 0);
+  assert_int_equal(run("mi", "'%s' import --kv '%s/m.st' --tokens '%s/m.tok' --dir '%s/mstore' "
+                       "--model '%s' --json", bin, tmp, tmp, tmp, model), 0);
+  assert_has("mi", "out", "\"blocks_written\":2,");
+  assert_has("mi", "out", "\"model_id\":\"llama2c/");
+  assert_int_equal(run("mw", "'%s' warm --model '%s' --tokens '%s/m.tok' --dir '%s/mstore' --json",
+                       bin, model, tmp, tmp), 0);
+  assert_has("mw", "out", "\"blocks_deduplicated\":2,");
+  assert_has("mw", "out", "\"tokens_computed\":0,");
+  /* the namespace options do not go with --model; f16 KV does not fit the model */
+  assert_int_equal(run("mu", "'%s' import --kv '%s/m.st' --tokens '%s/m.tok' --dir '%s/x' "
+                       "--model '%s' --model-id y", bin, tmp, tmp, tmp, model), 2);
+  rc = run("gm2", PY " '%s/tests/gen_safetensors.py' --out '%s/m16.st' --tokens-out "
+           "'%s/m16.tok' --layers 2 --tokens 37 --heads 2 --dim 4 --dtype f16 --first-token 1",
+           src, tmp, tmp);
+  assert_int_equal(rc, 0);
+  assert_int_equal(run("m16", "'%s' import --kv '%s/m16.st' --tokens '%s/m16.tok' --dir "
+                       "'%s/x' --model '%s'", bin, tmp, tmp, tmp, model), 1);
+  assert_has("m16", "err", "the model's KV is 2 layers x [tokens, 2, 4] F32");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_dedup),
       cmocka_unit_test(test_refuses),
+      cmocka_unit_test(test_model_namespace),
   };
   return tu_exit(cmocka_run_group_tests(tests, setup, teardown));
 }

@@ -334,7 +334,7 @@ static int tokens_read(const char *path, uint64_t want, uint32_t vocab, uint32_t
 
 typedef struct import_ns {
   kvt_ns_desc d;
-  char id[96], fp[32];           /* --model: the names kvtier warm gives */
+  char id[KVT_MAX_ID_LEN + 1], fp[KVT_MAX_ID_LEN + 1]; /* --model: the names warm gives */
   uint32_t vocab;                /* --model: token ids must be below it; else 0 */
 } import_ns;
 
@@ -367,22 +367,35 @@ static int ns_from_options(const import_cfg *c, const import_kv *x, import_ns *n
   return CLI_OK;
 }
 
-/* --model: the reference model's namespace, as rm_ns_register() (warm)
- * makes it; the tensors must be of that shape. */
+/* --model: the reference model's namespace exactly as kvtier warm
+ * registers it (rm_ns_register), read back from a metadata-only engine
+ * (no directory, nothing stored); the tensors must be of its shape. */
 static int ns_from_model(const import_cfg *c, const import_kv *x, import_ns *n) {
   rm_model m;
   if (ref_load_model("import", c->model, &m) != CLI_OK) return CLI_FAIL;
-  snprintf(n->id, sizeof n->id, "llama2c/%s", m.name);
-  snprintf(n->fp, sizeof n->fp, "fnv1a64:%016llx", (unsigned long long)m.fingerprint);
   n->vocab = (uint32_t)m.c.vocab_size;
-  n->d = (kvt_ns_desc){.model_id = n->id, .weights_fingerprint = n->fp, .rope_theta = 10000.0,
-                       .tp_size = 1,
-                       .shape = {.n_layers = (uint32_t)m.c.n_layers,
-                                 .n_kv_heads = (uint32_t)m.c.n_kv_heads, .head_dim = m.head_dim,
-                                 .dtype = KVT_F32, .block_tokens = REF_BLOCK_TOKENS}};
+  kvt_options o;
+  kvt_options_init(&o);
+  o.flags = KVT_OPEN_METADATA_ONLY;
+  kvt_engine *e = NULL;
+  kvt_ns_id id;
+  kvt_ns_desc d;
+  int rc = kvt_engine_open(NULL, &o, &e);
+  if (!rc) rc = rm_ns_register(e, &m, REF_BLOCK_TOKENS, &id);
+  if (!rc) rc = kvt_ns_get(e, 0, &id, &d);
+  if (!rc) {
+    snprintf(n->id, sizeof n->id, "%s", d.model_id);
+    snprintf(n->fp, sizeof n->fp, "%s", d.weights_fingerprint);
+    n->d = d;
+    n->d.model_id = n->id;
+    n->d.weights_fingerprint = n->fp;
+    n->d.rope_scaling = NULL;
+  }
+  kvt_engine_close(e);
   rm_model_free(&m);
+  if (rc) return cli_lib_error("import", "naming the model's namespace", rc);
   const kvt_shape *s = &n->d.shape;
-  if (x->dtype != KVT_F32 || x->n_layers != s->n_layers || x->n_heads != s->n_kv_heads ||
+  if (x->dtype != s->dtype || x->n_layers != s->n_layers || x->n_heads != s->n_kv_heads ||
       x->head_dim != s->head_dim) {
     fprintf(stderr, "kvtier import: %s: the tensors are %u layers x [tokens, %" PRIu64 ", %"
             PRIu64 "] %s; the model's KV is %u layers x [tokens, %u, %u] F32\n", c->kv,
