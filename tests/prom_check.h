@@ -101,23 +101,23 @@ static inline int pc_comment(pc_state *s, size_t ln, char *line) {
       (strcmp(kw, "HELP") && strcmp(kw, "TYPE")))
     return 0; /* a plain comment */
   if (line[2 + strlen(kw)] != ' ' || !pc_name_ok(name, strlen(name), 1))
-    return pc_fail(s, ln, "bad %s line", kw);
+    return pc_fail(s, ln, "bad %.300s line", kw);
   pc_family *f = pc_get(s, name);
-  if (!f) return pc_fail(s, ln, "%s", "too many families");
-  if (f->sampled) return pc_fail(s, ln, "%s after the family's samples", kw);
+  if (!f) return pc_fail(s, ln, "%.300s", "too many families");
+  if (f->sampled) return pc_fail(s, ln, "%.300s after the family's samples", kw);
   if (!strcmp(kw, "HELP")) {
-    if (f->help++) return pc_fail(s, ln, "second HELP for %s", name);
+    if (f->help++) return pc_fail(s, ln, "second HELP for %.300s", name);
     return 0;
   }
   const char *type = line + off;
   static const char *const types[] = {"counter", "gauge", "histogram", "summary", "untyped"};
   int known = 0;
   for (size_t i = 0; i < 5; i++) known |= !strcmp(type, types[i]);
-  if (!known) return pc_fail(s, ln, "unknown type '%s'", type);
-  if (f->typed++) return pc_fail(s, ln, "second TYPE for %s", name);
+  if (!known) return pc_fail(s, ln, "unknown type '%.300s'", type);
+  if (f->typed++) return pc_fail(s, ln, "second TYPE for %.300s", name);
   snprintf(f->type, sizeof f->type, "%s", type);
   if (!strcmp(type, "counter") && (strlen(name) < 6 || strcmp(name + strlen(name) - 6, "_total")))
-    return pc_fail(s, ln, "counter %s does not end in _total", name);
+    return pc_fail(s, ln, "counter %.300s does not end in _total", name);
   return 0;
 }
 
@@ -132,30 +132,30 @@ static inline int pc_labels(pc_state *s, size_t ln, const char **pp, char *out, 
   if (*p != '{') return 0;
   p++;
   while (*p != '}') {
-    if (n == 32) return pc_fail(s, ln, "%s", "too many labels");
+    if (n == 32) return pc_fail(s, ln, "%.300s", "too many labels");
     size_t k = 0;
     while (p[k] && p[k] != '=') k++;
-    if (!pc_name_ok(p, k, 0) || k >= 64) return pc_fail(s, ln, "%s", "bad label name");
+    if (!pc_name_ok(p, k, 0) || k >= 64) return pc_fail(s, ln, "%.300s", "bad label name");
     memcpy(names[n], p, k);
     names[n][k] = '\0';
     p += k + 1;
-    if (*p++ != '"') return pc_fail(s, ln, "%s", "label value not quoted");
+    if (*p++ != '"') return pc_fail(s, ln, "%.300s", "label value not quoted");
     size_t v = 0;
     for (; *p && *p != '"'; p++) {
       if (*p == '\\') {
         p++;
-        if (*p != '\\' && *p != '"' && *p != 'n') return pc_fail(s, ln, "%s", "bad escape");
+        if (*p != '\\' && *p != '"' && *p != 'n') return pc_fail(s, ln, "%.300s", "bad escape");
       }
-      if (v + 1 >= 256) return pc_fail(s, ln, "%s", "label value too long");
+      if (v + 1 >= 256) return pc_fail(s, ln, "%.300s", "label value too long");
       vals[n][v++] = *p;
     }
     vals[n][v] = '\0';
-    if (*p++ != '"') return pc_fail(s, ln, "%s", "unterminated label value");
+    if (*p++ != '"') return pc_fail(s, ln, "%.300s", "unterminated label value");
     for (int i = 0; i < n; i++)
       if (!strcmp(names[i], names[n])) return pc_fail(s, ln, "label %.60s twice", names[n]);
     n++;
     if (*p == ',') p++;
-    else if (*p != '}') return pc_fail(s, ln, "%s", "expected , or } after a label");
+    else if (*p != '}') return pc_fail(s, ln, "%.300s", "expected , or } after a label");
   }
   *pp = p + 1;
   for (int i = 0; i < n; i++) /* insertion sort by name */
@@ -171,7 +171,7 @@ static inline int pc_labels(pc_state *s, size_t ln, const char **pp, char *out, 
       continue;
     }
     int w = snprintf(out + used, cap - used, "%s%s=\"%s\"", used ? "," : "", names[i], vals[i]);
-    if (w < 0 || (size_t)w >= cap - used) return pc_fail(s, ln, "%s", "labels too long");
+    if (w < 0 || (size_t)w >= cap - used) return pc_fail(s, ln, "%.300s", "labels too long");
     used += (size_t)w;
   }
   return 0;
@@ -215,32 +215,32 @@ static inline int pc_sample(pc_state *s, size_t ln, const char *line) {
   size_t k = 0;
   while (p[k] && p[k] != '{' && p[k] != ' ') k++;
   char name[PC_NAME];
-  if (!pc_name_ok(p, k, 1)) return pc_fail(s, ln, "%s", "bad metric name");
+  if (!pc_name_ok(p, k, 1)) return pc_fail(s, ln, "%.300s", "bad metric name");
   memcpy(name, p, k);
   name[k] = '\0';
   p += k;
   char labels[PC_LABELS], le[64];
   if (pc_labels(s, ln, &p, labels, sizeof labels, le, sizeof le)) return -1;
-  if (*p++ != ' ') return pc_fail(s, ln, "%s", "no space before the value");
+  if (*p++ != ' ') return pc_fail(s, ln, "%.300s", "no space before the value");
   char val[64];
   size_t vn = 0;
   while (*p && *p != ' ' && vn + 1 < sizeof val) val[vn++] = *p++;
   val[vn] = '\0';
   double v;
-  if (!pc_value(val, &v)) return pc_fail(s, ln, "bad value '%s'", val);
+  if (!pc_value(val, &v)) return pc_fail(s, ln, "bad value '%.300s'", val);
   if (*p == ' ') { /* a timestamp: an integer */
     p++;
     if (*p == '-') p++;
-    if (!*p) return pc_fail(s, ln, "%s", "empty timestamp");
+    if (!*p) return pc_fail(s, ln, "%.300s", "empty timestamp");
     for (; *p; p++)
-      if (!isdigit((unsigned char)*p)) return pc_fail(s, ln, "%s", "bad timestamp");
+      if (!isdigit((unsigned char)*p)) return pc_fail(s, ln, "%.300s", "bad timestamp");
   }
   int suffix;
   pc_family *f = pc_owner(s, name, &suffix);
-  if (!f || !f->typed) return pc_fail(s, ln, "sample %s before its TYPE line", name);
-  if (!f->help) return pc_fail(s, ln, "family %s has no HELP", f->name);
+  if (!f || !f->typed) return pc_fail(s, ln, "sample %.300s before its TYPE line", name);
+  if (!f->help) return pc_fail(s, ln, "family %.300s has no HELP", f->name);
   int idx = (int)(f - s->fam);
-  if (f->closed) return pc_fail(s, ln, "samples of %s are not together", f->name);
+  if (f->closed) return pc_fail(s, ln, "samples of %.300s are not together", f->name);
   if (s->cur >= 0 && s->cur != idx) s->fam[s->cur].closed = 1;
   s->cur = idx;
   f->sampled = 1;
@@ -249,20 +249,20 @@ static inline int pc_sample(pc_state *s, size_t ln, const char *line) {
   snprintf(key, sizeof key, "%s{%s%s%s}", name, labels, le[0] ? ",le=" : "", le);
   for (size_t i = 0; i < s->n_ser; i++)
     if (!strcmp(s->ser[i].key, key)) return pc_fail(s, ln, "series %.300s twice", key);
-  if (s->n_ser == PC_SERIES) return pc_fail(s, ln, "%s", "too many series");
+  if (s->n_ser == PC_SERIES) return pc_fail(s, ln, "%.300s", "too many series");
   snprintf(s->ser[s->n_ser++].key, sizeof s->ser[0].key, "%s", key);
-  if (!strcmp(f->type, "counter") && !(v >= 0)) return pc_fail(s, ln, "counter %s < 0", name);
+  if (!strcmp(f->type, "counter") && !(v >= 0)) return pc_fail(s, ln, "counter %.300s < 0", name);
   if (strcmp(f->type, "histogram")) return 0;
-  if (suffix == 0) return pc_fail(s, ln, "histogram sample %s without a suffix", name);
+  if (suffix == 0) return pc_fail(s, ln, "histogram sample %.300s without a suffix", name);
   pc_hist *h = pc_hist_get(s, f->name, labels);
-  if (!h) return pc_fail(s, ln, "%s", "too many histograms");
+  if (!h) return pc_fail(s, ln, "%.300s", "too many histograms");
   if (suffix == 1) {
     double b;
-    if (!le[0] || !pc_value(le, &b)) return pc_fail(s, ln, "bucket without a valid le: %s", key);
+    if (!le[0] || !pc_value(le, &b)) return pc_fail(s, ln, "bucket without a valid le: %.300s", key);
     if (h->has_inf || h->has_count || h->has_sum)
-      return pc_fail(s, ln, "bucket of %s after its +Inf, _sum or _count", f->name);
-    if (!(b > h->last_le)) return pc_fail(s, ln, "le not increasing: %s", key);
-    if (v < h->last_count) return pc_fail(s, ln, "bucket count decreases: %s", key);
+      return pc_fail(s, ln, "bucket of %.300s after its +Inf, _sum or _count", f->name);
+    if (!(b > h->last_le)) return pc_fail(s, ln, "le not increasing: %.300s", key);
+    if (v < h->last_count) return pc_fail(s, ln, "bucket count decreases: %.300s", key);
     h->last_le = b;
     h->last_count = v;
     h->n_buckets++;
@@ -271,7 +271,7 @@ static inline int pc_sample(pc_state *s, size_t ln, const char *line) {
       h->inf_count = v;
     }
   } else if (le[0]) {
-    return pc_fail(s, ln, "le on a non-bucket sample %s", name);
+    return pc_fail(s, ln, "le on a non-bucket sample %.300s", name);
   } else if (suffix == 2) {
     h->has_sum = 1;
   } else {
@@ -295,17 +295,17 @@ static inline int pc_check(pc_state *s, const char *text) {
     ln++;
     const char *nl = strchr(p, '\n');
     if (!nl) {
-      rc = pc_fail(s, ln, "%s", "last line does not end in a newline");
+      rc = pc_fail(s, ln, "%.300s", "last line does not end in a newline");
       break;
     }
     char line[2048];
     if ((size_t)(nl - p) >= sizeof line) {
-      rc = pc_fail(s, ln, "%s", "line too long");
+      rc = pc_fail(s, ln, "%.300s", "line too long");
       break;
     }
     memcpy(line, p, (size_t)(nl - p));
     line[nl - p] = '\0';
-    if (!line[0]) rc = pc_fail(s, ln, "%s", "empty line");
+    if (!line[0]) rc = pc_fail(s, ln, "%.300s", "empty line");
     else if (line[0] == '#') rc = pc_comment(s, ln, line);
     else rc = pc_sample(s, ln, line);
     p = nl + 1;
@@ -313,12 +313,12 @@ static inline int pc_check(pc_state *s, const char *text) {
   for (size_t i = 0; !rc && i < s->n_hist; i++) {
     pc_hist *h = &s->hist[i];
     if (!h->has_inf || !h->has_count || !h->has_sum)
-      rc = pc_fail(s, ln, "histogram %s lacks its +Inf bucket, _sum or _count", h->fam);
+      rc = pc_fail(s, ln, "histogram %.300s lacks its +Inf bucket, _sum or _count", h->fam);
     else if (h->inf_count != h->count)
-      rc = pc_fail(s, ln, "histogram %s: +Inf bucket differs from _count", h->fam);
+      rc = pc_fail(s, ln, "histogram %.300s: +Inf bucket differs from _count", h->fam);
   }
   for (size_t i = 0; !rc && i < s->n_fam; i++)
-    if (!s->fam[i].sampled) rc = pc_fail(s, ln, "family %s has no sample", s->fam[i].name);
+    if (!s->fam[i].sampled) rc = pc_fail(s, ln, "family %.300s has no sample", s->fam[i].name);
   free(s->ser);
   s->ser = NULL;
   return rc;
