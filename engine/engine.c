@@ -1042,6 +1042,7 @@ static int lookup_hit(kvt_engine *e, kvt_tblk *tb, kvt_lookup_entry *ent) {
     if (tier > slowest) slowest = tier;
     us += est_load_us(e, tier, each2);
   }
+  e->tc.hits[slowest]++;
   lookup_entry(ent, &tb->key, slowest, us);
   return 1;
 }
@@ -1057,7 +1058,7 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tok
   kvt_shape sh;
   kvt_ns_shape(e, id, &sh);
   double cold_us = sh.n_layers * est_load_us(e, KVT_TIER_COLD, 2 * (uint64_t)kvt_shape_block_bytes(&sh));
-  size_t n = n_tokens / bt, found = 0;
+  size_t n = n_tokens / bt, found = 0, found_cold = 0;
   int miss = 0;
   for (size_t i0 = 0; i0 < n && !miss; i0 += KEY_BATCH) {
     size_t m = n - i0 < KEY_BATCH ? n - i0 : KEY_BATCH, j = 0;
@@ -1082,6 +1083,7 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tok
       for (size_t k = 0; k < c; k++, found++)
         lookup_entry(found < max_out ? &out[found] : NULL, &keys[j + k], KVT_TIER_COLD, cold_us);
       j += c;
+      found_cold += c;
       miss = c == 0;
     }
   }
@@ -1089,6 +1091,7 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tok
   e->st.lookups++;
   e->st.lookup_blocks_hit += found;
   e->st.lookup_blocks_miss += n - found;
+  e->tc.hits[KVT_TIER_COLD] += found_cold;
   pthread_mutex_unlock(&e->lock);
   *n_found = found;
   return 0;

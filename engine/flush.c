@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "tiers/hist.h"
 
 static int all_hot(const kvt_tblk *tb) {
   if (tb->n_present != tb->n_layers) return 0;
@@ -78,6 +79,7 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
   if (e->fq_tail) e->fq_tail->fq_next = tb;
   else e->fq_head = tb;
   e->fq_tail = tb;
+  if (e->enqueued == e->completed) e->tc.durable_ns = kvt_hist_now_ns(); /* the lag starts */
   e->enqueued++;
   e->st.cold_queued++;
   kvt_cold_backlog(e);
@@ -157,6 +159,7 @@ static void block_done(kvt_engine *e, kvt_tblk *tb, int err) {
   tb->seq_refs--;
   release_holds(e, tb); /* durable, or given up on: RAM may let it go */
   e->st.cold_written += ok != 0;
+  if (ok) e->tc.durable_ns = kvt_hist_now_ns();
   e->completed++;
 }
 

@@ -98,6 +98,20 @@ struct kvt_load {
   kvt_cold_batch *cb;         /* NULL once waited for */
 };
 
+/* Per-tier counters kvt_stats has no field for, rendered by
+ * kvt_metrics_render() (metrics.c). Under e->lock. */
+typedef struct kvt_tier_counts {
+  uint64_t hits[KVT_N_TIERS];       /* token blocks found by lookups, by the slowest tier
+                                       one of their layers was in */
+  uint64_t puts[KVT_N_TIERS];       /* layer blocks stored new in the tier by puts */
+  uint64_t promotions[KVT_N_TIERS]; /* layer blocks that only the cold tier held given a
+                                       RAM copy in the tier again (a put) */
+  uint64_t reads[KVT_N_TIERS];      /* layer blocks copied out of the tier (read, gather,
+                                       load); cold reads are the cold tier's */
+  uint64_t durable_ns;              /* when a block last became durable, or the first
+                                       was queued while none was (monotonic clock) */
+} kvt_tier_counts;
+
 struct kvt_engine {
   pthread_mutex_t lock;
   kvt_options opt;
@@ -131,6 +145,7 @@ struct kvt_engine {
   kvt_err_table err;          /* detail of failed calls, per thread (errinfo.c) */
   int event_fd;               /* kvt_event_fd(), -1 until asked for (atomic) */
   uint64_t pinned_hot;        /* cost of hot blocks under request pins (serve.c) */
+  kvt_tier_counts tc;         /* metrics.c */
 };
 
 /* Record the detail of a failing call on e for this thread; evaluates to code. */

@@ -380,6 +380,7 @@ static int put_new(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk **slot,
   kvt_publish(e, tb, layer, nb, tier);
   kvt_lblk_ref(e, nb);
   *slot = nb;
+  e->tc.puts[tier]++;
   return 0;
 }
 
@@ -442,6 +443,7 @@ static int put_restore(kvt_seq *s, kvt_lblk *b, uint32_t layer, const kvt_kv *kv
     nb->payload = NULL;
     kvt_mem_move(&e->mem, KVT_MEM_INDEX, t->mem_cat, kvt_lblk_desc_bytes());
     kvt_tier_account(t, b);
+    e->tc.promotions[tier]++;
   }
   if (rc == KVT_EFULL) e->st.put_full++;
   kvt_lblk_free(&e->mem, t->mem_cat, nb);
@@ -518,6 +520,7 @@ int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
 
 static void count_read(kvt_engine *e, const kvt_lblk *b) {
   e->st.reads++;
+  e->tc.reads[b->tier]++;
   if (b->tier == KVT_TIER_HOT) e->st.reads_exact++;
   else e->st.reads_approx++;
 }

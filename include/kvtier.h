@@ -472,6 +472,30 @@ int kvt_sync(kvt_engine *e);
 /** Copy the counters into *st. @return 0; KVT_ENULL. */
 int kvt_stats_get(kvt_engine *e, kvt_stats *st);
 
+/** Render the engine's counters and gauges as text in the Prometheus
+ * exposition format (version 0.0.4; every family with HELP and TYPE
+ * lines): per tier (label tier="hot", "warm", "cold") blocks, bytes,
+ * limit, lookup hits and misses, puts, reads, demotions, promotions,
+ * evictions, checksum failures; latency histograms of cold reads and
+ * group commits (kvtier_cold_read_seconds, kvtier_cold_group_commit_seconds);
+ * how far durability lags; engine totals. docs/metrics.md lists every
+ * name. Counters count from this engine's open: a read-only engine
+ * (kvtier stat) shows the store's gauges and its own, idle, counters.
+ * One consistent snapshot per call; nothing is allocated, the engine
+ * lock is held only while the counters are copied (and the open
+ * sequences' durable watermarks are walked).
+ * @param buf receives the text, NUL-terminated; may be NULL when len is 0
+ *   (a size query).
+ * @param len capacity of buf in bytes, the terminating NUL included.
+ * @param needed may be NULL; receives the length of the whole text
+ *   without the NUL (so len must exceed it). Counters and series may grow
+ *   between two calls: after a size query give some room to spare.
+ * @return 0 (buf holds the whole text); KVT_ENULL (e, or buf with len >
+ *   0); KVT_EBUFSIZE when the text does not fit: nothing partial is
+ *   left, buf[0] is '\0' when len > 0, *needed says what this snapshot
+ *   takes. */
+int kvt_metrics_render(kvt_engine *e, char *buf, size_t len, size_t *needed);
+
 /** What kvt_fsck() found. */
 typedef struct kvt_fsck_result {
   uint64_t checked;      /**< index entries checked */

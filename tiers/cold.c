@@ -19,6 +19,7 @@
 #include "tiers/cold_scan.h"
 #include "tiers/evict.h"
 #include "tiers/hash.h"
+#include "tiers/hist.h"
 
 #define FORMAT_VERSION 1u
 #define READERS_MAX 2u   /* reader threads: checking and copying keep one core busy at disk speed */
@@ -126,6 +127,8 @@ struct kvt_cold {
   int ev_on;                   /* ev_lock initialized */
   void (*read_notify)(void *arg); /* a read batch finished (kvt_cold_set_read_notify) */
   void *read_notify_arg;
+  kvt_hist h_read;             /* one read of a segment file, submitted to complete */
+  kvt_hist h_commit;           /* one group: write started to indexed */
 };
 
 static int evict_start(kvt_cold *c);
@@ -1020,6 +1023,7 @@ typedef struct chunk {
   int rc;
   int inherited;              /* rc is an earlier chunk's failure */
   int told_only;              /* records not written, told of in order with rc as it is */
+  uint64_t t0_ns;             /* its write started (h_commit) */
   struct chunk *next;
 } chunk;
 
@@ -1126,6 +1130,7 @@ static int chunk_commit(kvt_cold *c, chunk *k) {
   }
   pthread_mutex_unlock(&c->st_lock);
   if (!rc && !k->vic) evict_track(c, k->pl, k->np); /* relocated ones keep their place */
+  if (!rc && k->np) kvt_hist_add(&c->h_commit, kvt_hist_now_ns() - k->t0_ns);
   return rc;
 }
 
@@ -1142,6 +1147,7 @@ static void *writer_main(void *arg) {
     pthread_mutex_unlock(&c->cq_lock);
     if (!k->told_only) {
       k->inherited = failed != 0;
+      k->t0_ns = kvt_hist_now_ns();
       k->rc = failed ? failed : k->nw ? kvt_io_run(c->wio, k->w, k->nw) : 0;
     }
     pthread_mutex_lock(&c->cq_lock);
@@ -1602,9 +1608,11 @@ static int read_range(kvt_cold *c, uint32_t id, uint64_t off, uint32_t len, uint
     return -ENOMEM;
   }
   kvt_io_req r = {.fd = fd, .op = KVT_IO_OP_READ, .buf = buf, .len = len, .off = off};
+  uint64_t t0 = kvt_hist_now_ns();
   pthread_mutex_lock(&c->rd_lock);
   rc = kvt_io_run(c->rio, &r, 1);
   pthread_mutex_unlock(&c->rd_lock);
+  if (!rc) kvt_hist_add(&c->h_read, kvt_hist_now_ns() - t0);
   seg_release(c, id);
   if (rc) {
     kvt_io_buf_free(buf);
@@ -1805,6 +1813,11 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
   st->segment_bytes = c->cfg.segment_bytes;
   st->bytes_limit = c->cfg.bytes_limit;
   pthread_mutex_unlock(&c->st_lock);
+}
+
+void kvt_cold_hists(kvt_cold *c, kvt_hist *read, kvt_hist *commit) {
+  kvt_hist_read(&c->h_read, read);
+  kvt_hist_read(&c->h_commit, commit);
 }
 
 /* The namespaces fsck checks entries against: seed and shape. */
@@ -2456,6 +2469,7 @@ typedef struct span {
   uint64_t start, got;         /* where the span starts; bytes read so far */
   rbuf b;
   inflight *first, *last;
+  uint64_t t0_ns;              /* first submitted (h_read) */
   struct span *next;           /* free list / ready queue */
 } span;
 
@@ -2572,6 +2586,12 @@ static int span_done(kvt_cold *c, ZSTD_DCtx *dz, span *sp, size_t *n_fin) {
   sp->io.buf = sp->b.p + sp->got;
   sp->io.len = (uint32_t)(total - sp->got);
   return 0;
+}
+
+/* Did sp's read just complete with every byte it asked for (not short,
+ * not failed)? */
+static int span_read_whole(const span *sp) {
+  return sp->io.res > 0 && sp->got + (uint64_t)sp->io.res >= span_end(sp) - sp->start;
 }
 
 /* A buffer for sp's read from the pool (grown when too small). */
@@ -2702,6 +2722,7 @@ static void *reader_main(void *arg) {
         }
         sp->io.len = (uint32_t)(span_end(sp) - sp->start);
         sp->io.buf = sp->b.p;
+        sp->t0_ns = kvt_hist_now_ns();
       }
       start[n_start++] = &sp->io;
     }
@@ -2723,6 +2744,8 @@ static void *reader_main(void *arg) {
     }
     for (size_t i = 0; i < n_done; i++) {
       span *sp = done[i]->user;
+      if (span_read_whole(sp)) /* counted before its requests are told */
+        kvt_hist_add(&c->h_read, kvt_hist_now_ns() - sp->t0_ns);
       size_t fin = 0;
       int over = span_done(c, dz, sp, &fin);
       n_req -= fin;

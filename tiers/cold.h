@@ -224,6 +224,14 @@ int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_
 
 void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st);
 
+/* Latency histograms (tiers/hist.h), copied with atomic loads: *read,
+ * one read of a segment file from submission to completion (a layer
+ * slice, or small adjacent slices merged; synchronous and load reads);
+ * *commit, one group from the start of its write to its index commit
+ * (write, fdatasync, LMDB commit). Any thread. */
+struct kvt_hist;
+void kvt_cold_hists(kvt_cold *c, struct kvt_hist *read, struct kvt_hist *commit);
+
 /* Verify every index entry against its record: headers, keys, generation
  * and checksums of every slice. Counts go to *bad and *checked; with repair
  * the broken entries are removed. Returns 0 or -errno when it could not run. */

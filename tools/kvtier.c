@@ -26,6 +26,8 @@ static const command commands[] = {
      "           the reference decoder with kvtier against a plain cache (bench refmodel)"},
     {"warm", cmd_warm, warm_usage,
      "compute the KV of prompts with the reference model and store it durably"},
+    {"import", cmd_import, import_usage,
+     "store KV another engine computed (safetensors) for given token ids, durably"},
     {"plan", cmd_plan, plan_usage,
      "capacity planning: what fits in each tier, and the prefix-hit rate a trace gets\n"
      "           replayed through the engine's own eviction (--sweep over cold capacities)"},

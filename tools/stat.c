@@ -69,14 +69,18 @@ static void seg_files_scan(const char *dir, seg_files *sf)
 typedef struct stat_cfg {
   const char *dir;
   int json;
+  int prometheus;
 } stat_cfg;
 
-#define STAT_N_OPTS 1
+#define STAT_N_OPTS 2
 
 static void stat_opts(stat_cfg *c, cli_opt o[STAT_N_OPTS])
 {
   const cli_opt t[STAT_N_OPTS] = {
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      {"--prometheus", NULL, CLI_FLAG, &c->prometheus, 0, 0,
+       "print the metrics in the Prometheus text format (kvt_metrics_render, "
+       "docs/metrics.md)"},
   };
   memcpy(o, t, sizeof t);
 }
@@ -86,7 +90,7 @@ void stat_usage(FILE *f)
   stat_cfg c;
   cli_opt o[STAT_N_OPTS];
   stat_opts(&c, o);
-  fprintf(f, "usage: kvtier stat DIR [--json]\n\n"
+  fprintf(f, "usage: kvtier stat DIR [--json | --prometheus]\n\n"
              "Opens the store in DIR read-only (no lock: works beside a live writer) and\n"
              "prints its namespaces (model, fingerprint, tensor-parallel rank, shape), the\n"
              "blocks and bytes per tier, the cold tier's records, segments and their fill\n"
@@ -322,6 +326,27 @@ static void stat_human(const stat_run *r)
   printf("  I/O      %s: %s\n", st->io_backend, st->io_why);
 }
 
+/* kvt_metrics_render() into a buffer grown until the text fits. */
+static int stat_prometheus(const stat_run *r)
+{
+  size_t need = 0, cap = 0;
+  char *buf = NULL;
+  int rc = kvt_metrics_render(r->e, NULL, 0, &need);
+  for (int tries = 0; rc == KVT_EBUFSIZE && tries < 4; tries++) {
+    cap = need + 4096; /* room for counters that grow meanwhile */
+    char *nb = realloc(buf, cap);
+    if (nb == NULL) {
+      free(buf);
+      return cli_lib_error("stat", "rendering the metrics", -ENOMEM);
+    }
+    buf = nb;
+    rc = kvt_metrics_render(r->e, buf, cap, &need);
+  }
+  if (rc == 0) fputs(buf, stdout);
+  free(buf);
+  return rc ? cli_lib_error("stat", "rendering the metrics", rc) : CLI_OK;
+}
+
 int cmd_stat(int argc, char **argv)
 {
   stat_run r;
@@ -332,9 +357,16 @@ int cmd_stat(int argc, char **argv)
   int rc = parse_cmd("stat", argc, argv, o, STAT_N_OPTS, &r.cfg.dir, &want_help);
   if (want_help) stat_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
+  if (r.cfg.json && r.cfg.prometheus) {
+    fprintf(stderr, "kvtier stat: --json or --prometheus, not both\n"
+            "run 'kvtier help stat' for its options\n");
+    return CLI_USAGE;
+  }
   rc = stat_collect(&r);
   if (rc == CLI_OK) {
-    if (r.cfg.json)
+    if (r.cfg.prometheus)
+      rc = stat_prometheus(&r);
+    else if (r.cfg.json)
       stat_json(&r);
     else
       stat_human(&r);

@@ -184,6 +184,7 @@ _PROTOTYPES = {
     "kvt_seq_unpin": (c_int, [c_void_p]),
     "kvt_seq_durable_error": (c_int, [c_void_p, _u32p]),
     "kvt_event_fd": (c_int, [c_void_p]),
+    "kvt_metrics_render": (c_int, [c_void_p, c_void_p, c_size_t, _P(c_size_t)]),
     "kvt_load_poll": (c_int, [c_void_p, _P(c_size_t)]),
     # newer calls: bound when the library has them (see OPTIONAL)
     "kvt_seq_put_layers": (c_int, [c_void_p, c_uint32, c_uint32, c_uint32, _P(KV), c_size_t,

@@ -19,7 +19,7 @@ import ctypes
 import os
 import threading
 import weakref
-from ctypes import byref, c_double, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import create_string_buffer, byref, c_double, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence as Seq, Tuple, Union
 
 import numpy as np
@@ -290,6 +290,20 @@ class Engine(_Handle):
         if fd < 0:
             self._check(fd, "kvt_event_fd")
         return fd
+
+    def metrics(self) -> str:
+        """kvt_metrics_render(): the engine's state in the Prometheus text
+        exposition format (docs/metrics.md)."""
+        h, need = self._live("engine"), c_size_t()
+        rc = lib.kvt_metrics_render(h, None, 0, byref(need))  # a size query
+        if rc not in (0, E.EBUFSIZE):
+            self._check(rc, "kvt_metrics_render")
+        while True:
+            buf = create_string_buffer(need.value + 1024)
+            rc = lib.kvt_metrics_render(h, buf, len(buf), byref(need))
+            if rc != E.EBUFSIZE:  # it grew meanwhile: ask again
+                self._check(rc, "kvt_metrics_render")
+                return buf.value.decode()
 
     def sync(self) -> None:
         """kvt_sync(): wait until every complete, admitted block is durable."""

@@ -165,3 +165,15 @@ def test_append_reports_which_layers_are_present(engine):
     u.put(b, 1, k, v)  # only layer 1
     info = ns.sequence().append(range(100, 116))
     assert info.layers_present == 1 and info.layers == (1,)
+
+
+def test_metrics_render_is_prometheus_text(engine):
+    ns = make_ns(engine, layers=2)
+    s = ns.sequence()
+    fill(ns, s, 3)
+    text = engine.metrics()
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    samples = dict(ln.rsplit(" ", 1) for ln in lines)
+    assert float(samples['kvtier_tier_blocks{tier="hot"}']) == 3 * 2
+    assert float(samples['kvtier_tier_puts_total{tier="hot"}']) >= 6
+    assert "# TYPE kvtier_cold_read_seconds histogram" in text
