@@ -53,8 +53,18 @@ typedef struct seqbuf {
   uint32_t n_steps;        /* steps seen (the first at pos = block_tokens) */
 } seqbuf;
 
+/* A held-out sequence kept whole for the eviction replay. */
+typedef struct held_seq {
+  float *mass, *knorm;     /* as seqbuf, n_steps steps */
+  uint32_t n_steps;
+} held_seq;
+
+#define TRAIN_MAX_HELD 64
+
 typedef struct train_run {
   train_cfg cfg;
+  held_seq held[TRAIN_MAX_HELD];
+  size_t n_held_kept;
   trace_hdr h;
   samples s;
   seqbuf q;
@@ -290,6 +300,21 @@ static int seq_samples(train_run *r) {
     }
   }
   free(st);
+  if (!rc && held && r->n_held_kept < TRAIN_MAX_HELD) { /* keep it for the replay */
+    held_seq *hs = &r->held[r->n_held_kept];
+    size_t nm = (size_t)L * q->steps * q->blocks, nk = (size_t)L * q->blocks;
+    hs->mass = malloc(nm * sizeof *hs->mass);
+    hs->knorm = malloc(nk * sizeof *hs->knorm);
+    if (!hs->mass || !hs->knorm) {
+      free(hs->mass);
+      free(hs->knorm);
+      return -ENOMEM;
+    }
+    memcpy(hs->mass, q->mass, nm * sizeof *hs->mass);
+    memcpy(hs->knorm, q->knorm, nk * sizeof *hs->knorm);
+    hs->n_steps = T;
+    r->n_held_kept++;
+  }
   r->n_seqs++;
   r->n_held += (size_t)held;
   return rc;
@@ -699,6 +724,100 @@ static double mean_capture(const samples *s, const model *m, const train_cfg *c)
   return t / TRAIN_N_BUDGETS;
 }
 
+/* ---- eviction replay on held-out sequences ------------------------------------ */
+
+/* First position whose next-token loss kvtier eval scores. */
+#define REPLAY_FIRST_POS 63u
+
+enum { RP_LEARNED, RP_RECENT, RP_H2O, RP_TOVA, RP_ORACLE, RP_N };
+static const char *const rp_names[RP_N] = {"learned", "recent", "h2o", "tova", "oracle"};
+
+/* Replay one held-out (sequence, layer) with permanent eviction under a
+ * byte budget (retained blocks plus the tail, as the engine counts them),
+ * the retained blocks observing their masses renormalized over what is
+ * retained (as attention over fewer blocks does). Returns the mean share
+ * of the full cache's mass (blocks only) that the evicted blocks held,
+ * over steps >= REPLAY_FIRST_POS; *n_steps receives their count. */
+static double replay(const train_run *r, const held_seq *hs, uint32_t l, int sc, double budget,
+                     const model *m, uint64_t *n_steps) {
+  const trace_hdr *h = &r->h;
+  uint32_t bt = h->block_tokens, L = h->n_layers, T = hs->n_steps, B = r->q.blocks;
+  const float *mass = hs->mass + (size_t)l * r->q.steps * B;
+  kvt_pred_bstate *st = calloc(B, sizeof *st);
+  uint8_t *ret = calloc(B, 1);
+  double *score = calloc(B, sizeof *score), missed = 0;
+  *n_steps = 0;
+  if (!st || !ret || !score) {
+    free(st), free(ret), free(score);
+    return NAN;
+  }
+  for (uint32_t b = 0; b < B; b++) st[b].key_norm = hs->knorm[(size_t)l * B + b];
+  for (uint32_t t = 0; t < T; t++) {
+    uint32_t pos = bt + t, nb = pos / bt;
+    const float *mt = mass + (size_t)t * B;
+    ret[nb - 1] |= t == 0 || pos % bt == 0; /* the block that just joined */
+    double all = 0, kept = 0;
+    for (uint32_t b = 0; b < nb; b++) {
+      all += mt[b];
+      kept += ret[b] ? mt[b] : 0;
+    }
+    if (pos >= REPLAY_FIRST_POS && all > 0) {
+      missed += 1 - kept / all;
+      (*n_steps)++;
+    }
+    for (uint32_t b = 0; b < nb; b++)
+      if (ret[b] && kept > 0) kvt_pred_observe(&st[b], (float)(mt[b] * all / kept));
+    /* what the budget leaves for blocks: budget * (pos + 1) tokens minus the tail */
+    double room = budget * (double)(pos + 1) - (double)(pos % bt + 1);
+    uint32_t allowed = room > 0 ? (uint32_t)floor(room / bt) : 0, n_ret = 0;
+    for (uint32_t b = 0; b < nb; b++) {
+      if (!ret[b]) continue;
+      n_ret++;
+      float f[KVT_PRED_N_FEAT];
+      switch (sc) {
+      case RP_LEARNED:
+        kvt_pred_features(&st[b], b, nb, bt, l, L, f);
+        score[b] = kvt_predictor_infer(m, l, f);
+        break;
+      case RP_RECENT: score[b] = b; break;
+      case RP_H2O: score[b] = st[b].sum; break;
+      case RP_TOVA: score[b] = st[b].last; break;
+      default: { /* the full cache's mass over the next W steps */
+        double fu = 0;
+        for (uint32_t u = t + 1; u < T && u <= t + r->cfg.window; u++)
+          fu += mass[(size_t)u * B + b];
+        score[b] = fu;
+      }
+      }
+    }
+    for (; n_ret > allowed && n_ret > 1; n_ret--) { /* evict the weakest; ties: the older */
+      uint32_t v = UINT32_MAX;
+      for (uint32_t b = 0; b < nb; b++)
+        if (ret[b] && b + 1 < nb && (v == UINT32_MAX || score[b] < score[v])) v = b;
+      if (v == UINT32_MAX) break; /* only the newest is left (its delay) */
+      ret[v] = 0;
+    }
+  }
+  free(st), free(ret), free(score);
+  return missed;
+}
+
+/* Mean missed mass share per scorer and budget over held-out sequences. */
+static void replay_all(const train_run *r, const model *m, double out[RP_N][TRAIN_N_BUDGETS]) {
+  for (int sc = 0; sc < RP_N; sc++)
+    for (size_t bi = 0; bi < TRAIN_N_BUDGETS; bi++) {
+      double sum = 0;
+      uint64_t n = 0;
+      for (size_t i = 0; i < r->n_held_kept; i++)
+        for (uint32_t l = 0; l < r->h.n_layers; l++) {
+          uint64_t k;
+          sum += replay(r, &r->held[i], l, sc, default_budgets[bi], m, &k);
+          n += k;
+        }
+      out[sc][bi] = n ? sum / (double)n : NAN;
+    }
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -810,6 +929,10 @@ static int train_main(train_run *r) {
   for (int sc = 0; sc < SC_N; sc++)
     for (size_t b = 0; b < TRAIN_N_BUDGETS; b++)
       caps[sc][b] = capture(s, bm, sc, default_budgets[b]);
+  double missed[RP_N][TRAIN_N_BUDGETS];
+  progress("train: replaying held-out sequences");
+  replay_all(r, bm, missed);
+  progress_end();
   /* The file gets the chosen form refit on every sequence. */
   model final;
   progress("train: refitting on every sequence");
@@ -874,6 +997,17 @@ static int train_main(train_run *r) {
       json_end(&j);
     }
     json_end(&j);
+    json_obj(&j, "held_missed_mass");
+    for (int sc = 0; sc < RP_N; sc++) {
+      json_obj(&j, rp_names[sc]);
+      for (size_t b = 0; b < TRAIN_N_BUDGETS; b++) {
+        char key[16];
+        snprintf(key, sizeof key, "%g", default_budgets[b]);
+        json_f64(&j, key, missed[sc][b]);
+      }
+      json_end(&j);
+    }
+    json_end(&j);
     json_end(&j);
     return CLI_OK;
   }
@@ -888,6 +1022,12 @@ static int train_main(train_run *r) {
          "best possible:\n  scorer      0.1     0.25    0.5\n", c->window);
   for (int sc = 0; sc < SC_N; sc++)
     printf("  %-8s  %.4f  %.4f  %.4f\n", sc_names[sc], caps[sc][0], caps[sc][1], caps[sc][2]);
+  printf("held-out replay, permanent eviction under the byte budget (tail counted): share\n"
+         "of the full cache's attention mass on evicted blocks, mean over steps >= %u:\n"
+         "  scorer      0.1     0.25    0.5\n", REPLAY_FIRST_POS);
+  for (int sc = 0; sc < RP_N; sc++)
+    printf("  %-8s  %.4f  %.4f  %.4f\n", rp_names[sc], missed[sc][0], missed[sc][1],
+           missed[sc][2]);
   printf("held-out weighted MSE of log mass %.4f; inference %.1f ns per block\n", mse, ns);
   printf("wrote %s\n", c->out);
   return CLI_OK;
@@ -905,6 +1045,10 @@ int cmd_train(int argc, char **argv) {
   if (rc == CLI_OK && !want_help) rc = train_check(&r->cfg);
   if (rc == CLI_OK && !want_help) rc = train_main(r);
   samples_free(&r->s);
+  for (size_t i = 0; i < r->n_held_kept; i++) {
+    free(r->held[i].mass);
+    free(r->held[i].knorm);
+  }
   free(r->q.mass);
   free(r->q.knorm);
   free(r);
