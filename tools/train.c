@@ -29,7 +29,7 @@ static const double default_budgets[TRAIN_N_BUDGETS] = {0.1, 0.25, 0.5};
 typedef struct train_cfg {
   const char *traces[TRAIN_MAX_TRACES], *out, *budget_s, *layers_s, *model_s;
   size_t n_traces;
-  uint64_t window, stride, max_samples, hidden;
+  uint64_t window, stride, max_samples, hidden, rounds; /* rounds: UINT64_MAX unset */
   int json, no_weight;
   double budgets[TRAIN_N_BUDGETS];
   size_t n_budgets;
@@ -53,18 +53,22 @@ typedef struct seqbuf {
   uint32_t n_steps;        /* steps seen (the first at pos = block_tokens) */
 } seqbuf;
 
-/* A held-out sequence kept whole for the eviction replay. */
+/* A sequence kept whole for the eviction replay: held-out ones to
+ * measure, training ones to collect on-policy samples from. */
 typedef struct held_seq {
   float *mass, *knorm;     /* as seqbuf, n_steps steps */
   uint32_t n_steps;
+  int is_held;
 } held_seq;
 
-#define TRAIN_MAX_HELD 64
+#define TRAIN_MAX_HELD 1024
+#define TRAIN_KEEP_BYTES (384ull << 20) /* training sequences kept, at most */
 
 typedef struct train_run {
   train_cfg cfg;
   held_seq held[TRAIN_MAX_HELD];
   size_t n_held_kept;
+  uint64_t kept_bytes;
   trace_hdr h;
   samples s;
   seqbuf q;
@@ -74,7 +78,7 @@ typedef struct train_run {
 
 /* ---- options ------------------------------------------------------------ */
 
-#define TRAIN_N_OPTS 9
+#define TRAIN_N_OPTS 10
 
 static void train_opts(train_cfg *c, cli_opt o[TRAIN_N_OPTS]) {
   const cli_opt opts[TRAIN_N_OPTS] = {
@@ -92,6 +96,8 @@ static void train_opts(train_cfg *c, cli_opt o[TRAIN_N_OPTS]) {
        "take every K-th step as a sample (default: to fit --max-samples)"},
       {"--max-samples", "N", CLI_U64, &c->max_samples, 1000, 100000000,
        "block samples kept in memory, at most (default 1500000)"},
+      {"--rounds", "N", CLI_U64, &c->rounds, 0, 8,
+       "on-policy rounds at most, each kept only if the held-out replay improves (default 1)"},
       {"--uniform-loss", NULL, CLI_FLAG, &c->no_weight, 0, 0,
        "weight every block alike (to measure the boundary weighting)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
@@ -158,6 +164,7 @@ static int train_check(train_cfg *c) {
   if (!c->layers_s) c->layers_s = "auto";
   if (!c->model_s) c->model_s = "auto";
   if (!c->hidden) c->hidden = 16;
+  if (c->rounds == UINT64_MAX) c->rounds = 1;
   if (strcmp(c->model_s, "auto") && strcmp(c->model_s, "linear") && strcmp(c->model_s, "mlp"))
     return usage_error("--model must be linear, mlp or auto", c->model_s);
   if (strcmp(c->layers_s, "auto") && strcmp(c->layers_s, "per-layer") &&
@@ -300,9 +307,12 @@ static int seq_samples(train_run *r) {
     }
   }
   free(st);
-  if (!rc && held && r->n_held_kept < TRAIN_MAX_HELD) { /* keep it for the replay */
+  size_t nm = (size_t)L * q->steps * q->blocks, nk = (size_t)L * q->blocks;
+  if (!rc && r->n_held_kept < TRAIN_MAX_HELD &&
+      (held || r->kept_bytes + (nm + nk) * 4 <= TRAIN_KEEP_BYTES)) { /* keep it for the replay */
     held_seq *hs = &r->held[r->n_held_kept];
-    size_t nm = (size_t)L * q->steps * q->blocks, nk = (size_t)L * q->blocks;
+    hs->is_held = held;
+    r->kept_bytes += (nm + nk) * 4;
     hs->mass = malloc(nm * sizeof *hs->mass);
     hs->knorm = malloc(nk * sizeof *hs->knorm);
     if (!hs->mass || !hs->knorm) {
@@ -738,8 +748,48 @@ static const char *const rp_names[RP_N] = {"learned", "recent", "h2o", "tova", "
  * retained (as attention over fewer blocks does). Returns the mean share
  * of the full cache's mass (blocks only) that the evicted blocks held,
  * over steps >= REPLAY_FIRST_POS; *n_steps receives their count. */
-static double replay(const train_run *r, const held_seq *hs, uint32_t l, int sc, double budget,
-                     const model *m, uint64_t *n_steps) {
+static double replay(train_run *r, const held_seq *hs, uint32_t l, int sc, double budget,
+                     const model *m, uint64_t *n_steps, int collect);
+
+/* An on-policy group: the n retained blocks ids[] at step t, of which the
+ * budget keeps `keep`; targets from the full cache's future. */
+static int add_policy_group(train_run *r, const held_seq *hs, uint32_t l, uint32_t t,
+                            const uint32_t *ids, uint32_t n, uint32_t keep,
+                            const kvt_pred_bstate *st, uint32_t nb) {
+  samples *s = &r->s;
+  uint32_t B = r->q.blocks, T = hs->n_steps;
+  const float *mass = hs->mass + (size_t)l * r->q.steps * B;
+  if (s->n + n > r->cfg.max_samples * 2) return 1;
+  if (samples_reserve(s, n) || grow((void **)&s->grp, &s->grp_cap, s->n_grp + 2, sizeof *s->grp) ||
+      grow((void **)&s->grp_layer, &s->lay_cap, s->n_grp + 1, sizeof *s->grp_layer) ||
+      grow((void **)&s->grp_held, &s->held_cap, s->n_grp + 1, 1))
+    return -ENOMEM;
+  uint32_t t_end = t + (uint32_t)r->cfg.window < T - 1 ? t + (uint32_t)r->cfg.window : T - 1;
+  size_t at = s->n;
+  for (uint32_t i = 0; i < n; i++) {
+    double f = 0;
+    for (uint32_t u = t + 1; u <= t_end; u++) f += mass[(size_t)u * B + ids[i]];
+    f /= (double)(t_end - t);
+    s->fut[at + i] = (float)f;
+    s->y[at + i] = logf((float)f + TRAIN_EPS);
+    kvt_pred_features(&st[ids[i]], ids[i], nb, r->h.block_tokens, l, r->h.n_layers,
+                      s->x + (at + i) * KVT_PRED_N_FEAT);
+  }
+  /* the boundary is at `keep` among the retained */
+  train_cfg one = r->cfg;
+  one.n_budgets = 1;
+  one.budgets[0] = (double)keep / (double)n;
+  group_weights(&one, s->fut + at, s->wt + at, n);
+  s->grp[s->n_grp] = at;
+  s->grp_layer[s->n_grp] = l;
+  s->grp_held[s->n_grp++] = 0;
+  s->n += n;
+  s->grp[s->n_grp] = s->n;
+  return 0;
+}
+
+static double replay(train_run *r, const held_seq *hs, uint32_t l, int sc, double budget,
+                     const model *m, uint64_t *n_steps, int collect) {
   const trace_hdr *h = &r->h;
   uint32_t bt = h->block_tokens, L = h->n_layers, T = hs->n_steps, B = r->q.blocks;
   const float *mass = hs->mass + (size_t)l * r->q.steps * B;
@@ -790,6 +840,12 @@ static double replay(const train_run *r, const held_seq *hs, uint32_t l, int sc,
       }
       }
     }
+    if (collect && n_ret > allowed && t % r->cfg.stride == 0 && t + 1 < T) {
+      uint32_t ids[4096], k = 0;
+      for (uint32_t b = 0; b < nb && k < 4096; b++)
+        if (ret[b]) ids[k++] = b;
+      if (k >= 2 && add_policy_group(r, hs, l, t, ids, k, allowed ? allowed : 1, st, nb)) break;
+    }
     for (; n_ret > allowed && n_ret > 1; n_ret--) { /* evict the weakest; ties: the older */
       uint32_t v = UINT32_MAX;
       for (uint32_t b = 0; b < nb; b++)
@@ -802,16 +858,32 @@ static double replay(const train_run *r, const held_seq *hs, uint32_t l, int sc,
   return missed;
 }
 
+/* On-policy samples: replay the training sequences under model m at the
+ * training budgets and add, at each eviction, the retained blocks with
+ * the features they have there (masses renormalized over fewer blocks). */
+static void collect_policy(train_run *r, const model *m) {
+  for (size_t bi = 0; bi < r->cfg.n_budgets; bi++)
+    for (size_t i = 0; i < r->n_held_kept; i++)
+      for (uint32_t l = 0; !r->held[i].is_held && l < r->h.n_layers; l++) {
+        uint64_t k;
+        replay(r, &r->held[i], l, RP_LEARNED, r->cfg.budgets[bi], m, &k, 1);
+      }
+}
+
+static double mean_missed(double m[RP_N][TRAIN_N_BUDGETS]) {
+  return (m[RP_LEARNED][0] + m[RP_LEARNED][1] + m[RP_LEARNED][2]) / 3;
+}
+
 /* Mean missed mass share per scorer and budget over held-out sequences. */
-static void replay_all(const train_run *r, const model *m, double out[RP_N][TRAIN_N_BUDGETS]) {
+static void replay_all(train_run *r, const model *m, double out[RP_N][TRAIN_N_BUDGETS]) {
   for (int sc = 0; sc < RP_N; sc++)
     for (size_t bi = 0; bi < TRAIN_N_BUDGETS; bi++) {
       double sum = 0;
       uint64_t n = 0;
       for (size_t i = 0; i < r->n_held_kept; i++)
-        for (uint32_t l = 0; l < r->h.n_layers; l++) {
+        for (uint32_t l = 0; r->held[i].is_held && l < r->h.n_layers; l++) {
           uint64_t k;
-          sum += replay(r, &r->held[i], l, sc, default_budgets[bi], m, &k);
+          sum += replay(r, &r->held[i], l, sc, default_budgets[bi], m, &k, 0);
           n += k;
         }
       out[sc][bi] = n ? sum / (double)n : NAN;
@@ -929,10 +1001,48 @@ static int train_main(train_run *r) {
   for (int sc = 0; sc < SC_N; sc++)
     for (size_t b = 0; b < TRAIN_N_BUDGETS; b++)
       caps[sc][b] = capture(s, bm, sc, default_budgets[b]);
-  double missed[RP_N][TRAIN_N_BUDGETS];
+  double missed[RP_N][TRAIN_N_BUDGETS], missed0 = NAN;
   progress("train: replaying held-out sequences");
   replay_all(r, bm, missed);
   progress_end();
+  /* One round of on-policy samples (the blocks the policy still holds
+   * when it evicts, with the features they have there), kept if the
+   * held-out replay loses less mass. */
+  int rounds = 0;
+  for (int round = 0; round < (int)c->rounds; round++) {
+    size_t n0 = s->n, g0 = s->n_grp;
+    progress("train: on-policy round %d", round + 1);
+    collect_policy(r, bm);
+    /* the round's samples weigh as much as all before them: they are the
+     * decisions the scorer actually makes */
+    double w_old = 0, w_new = 0;
+    for (size_t i = 0; i < s->n; i++) *(i < n0 ? &w_old : &w_new) += s->wt[i];
+    float scale = w_new > 0 ? (float)fmin(50.0, w_old / w_new) : 1.0f;
+    for (size_t i = n0; i < s->n; i++) s->wt[i] *= scale;
+    model next;
+    double m2[RP_N][TRAIN_N_BUDGETS];
+    int frc2 = fit_model(s, &r->h, bm->kind, bm->hidden, bm->per_layer, 0, &next);
+    if (!frc2) replay_all(r, &next, m2);
+    progress_end();
+    if (frc2 || !(mean_missed(m2) < mean_missed(missed))) {
+      free(next.w);
+      s->n = n0; /* drop the round's samples */
+      s->n_grp = g0;
+      break;
+    }
+    if (round == 0) missed0 = mean_missed(missed);
+    free(cand[best].w);
+    cand[best] = next;
+    bm = &cand[best];
+    memcpy(missed, m2, sizeof m2);
+    rounds++;
+  }
+  if (rounds) {
+    mse = held_mse(s, bm);
+    for (int sc = 0; sc < SC_N; sc++)
+      for (size_t b = 0; b < TRAIN_N_BUDGETS; b++)
+        caps[sc][b] = capture(s, bm, sc, default_budgets[b]);
+  }
   /* The file gets the chosen form refit on every sequence. */
   model final;
   progress("train: refitting on every sequence");
@@ -997,6 +1107,8 @@ static int train_main(train_run *r) {
       json_end(&j);
     }
     json_end(&j);
+    json_u64(&j, "on_policy_rounds", (uint64_t)rounds);
+    json_f64(&j, "held_missed_before_rounds", missed0);
     json_obj(&j, "held_missed_mass");
     for (int sc = 0; sc < RP_N; sc++) {
       json_obj(&j, rp_names[sc]);
@@ -1022,6 +1134,9 @@ static int train_main(train_run *r) {
          "best possible:\n  scorer      0.1     0.25    0.5\n", c->window);
   for (int sc = 0; sc < SC_N; sc++)
     printf("  %-8s  %.4f  %.4f  %.4f\n", sc_names[sc], caps[sc][0], caps[sc][1], caps[sc][2]);
+  if (rounds)
+    printf("on-policy rounds kept: %d (held-out missed mass, mean over budgets: %.4f -> %.4f)\n",
+           rounds, missed0, mean_missed(missed));
   printf("held-out replay, permanent eviction under the byte budget (tail counted): share\n"
          "of the full cache's attention mass on evicted blocks, mean over steps >= %u:\n"
          "  scorer      0.1     0.25    0.5\n", REPLAY_FIRST_POS);
@@ -1038,6 +1153,7 @@ int cmd_train(int argc, char **argv) {
   if (!r) return cli_lib_error("train", "allocating", -ENOMEM);
   cli_opt o[TRAIN_N_OPTS];
   train_opts(&r->cfg, o);
+  r->cfg.rounds = UINT64_MAX;
   int want_help = 0, n = argc - 1;
   int rc = take_files(&r->cfg, &n, argv + 1);
   if (rc == CLI_OK) rc = cli_parse("train", n, argv + 1, o, TRAIN_N_OPTS, &want_help);
