@@ -1,8 +1,7 @@
-/* predictor.c - parsing, checking and running a learned scorer's predictor
- * (predictor.h; the file format is in docs/policy.md). The bytes come from
- * the caller: the engine never opens the file itself. A predictor that is
- * truncated, of another version or made for another shape is refused
- * whole; nothing of it is used. */
+/* predictor.c - reading, checking and running the learned scorer's
+ * predictor (predictor.h; the file format is in docs/policy.md), and the
+ * scorer's hooks. A predictor that is truncated, of another version or
+ * made for another shape is refused whole; nothing of it is used. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +11,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "engine/internal.h"
 #include "engine/predictor.h"
 #include "kvtier.h"
 
@@ -136,4 +136,59 @@ float kvt_predictor_infer(const kvt_predictor *p, uint32_t layer, const float *f
     y += w2[h] * (a > 0 ? a : 0);
   }
   return y + w2[p->hidden];
+}
+
+/* ---- the engine's side: reading for a namespace, the scorer's hooks ------ */
+
+#define KVT_PRED_MAX_FILE (16u << 20) /* far above any model this format holds */
+
+int kvt_predictor_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_predictor **out) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int rc = -errno;
+    return KVT_ERR(e, rc, "kvt_ns_load_predictor", "path", "a readable predictor file", "%s: %s",
+                   path, strerror(-rc));
+  }
+  uint8_t *buf = malloc(KVT_PRED_MAX_FILE + 1);
+  size_t n = buf ? fread(buf, 1, KVT_PRED_MAX_FILE + 1, f) : 0;
+  int rd_err = ferror(f);
+  fclose(f);
+  if (!buf) return -ENOMEM;
+  if (rd_err) {
+    free(buf);
+    return KVT_ERR(e, -EIO, "kvt_ns_load_predictor", "path", "a readable predictor file",
+                   "%s: read error", path);
+  }
+  kvt_pred_shape want = {sh->n_layers, sh->block_tokens, sh->head_dim, sh->n_kv_heads};
+  char why[256] = "";
+  int rc = n > KVT_PRED_MAX_FILE
+               ? (snprintf(why, sizeof why, "larger than %u bytes", KVT_PRED_MAX_FILE), KVT_ECORRUPT)
+               : kvt_predictor_parse(buf, n, &want, out, why, sizeof why);
+  free(buf);
+  if (rc && rc != -ENOMEM)
+    return KVT_ERR(e, rc, "kvt_ns_load_predictor", "path", "a predictor for the namespace's shape",
+                   "%s: %s", path, why);
+  return rc;
+}
+
+void kvt_predictor_observe(const void *model, const kvt_pctx *c, const kvt_pblk *b, float mass) {
+  (void)model;
+  (void)c;
+  kvt_pred_observe(b->st, mass);
+}
+
+void kvt_predictor_score(const void *model, const kvt_pctx *c, const kvt_pblk *b, size_t n,
+                         double *out) {
+  float f[KVT_PRED_N_FEAT];
+  for (size_t i = 0; i < n; i++) {
+    kvt_pred_bstate st = *(const kvt_pred_bstate *)b[i].st;
+    st.key_norm = b[i].bs->key_norm;
+    if (!model) { /* the framework refuses "learned" without one; stay defined */
+      out[i] = b[i].bs->mass_sum;
+      continue;
+    }
+    kvt_pred_features(&st, b[i].block, c->n_blocks, c->block_tokens, c->layer, c->n_layers, f);
+    out[i] = kvt_predictor_infer(model, c->layer, f);
+  }
 }

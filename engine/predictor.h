@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/policy.h"
+
 #define KVT_PRED_MAGIC "KVTPRED\0"
 #define KVT_PRED_VERSION 1u
 #define KVT_PRED_HDR_BYTES 64u
@@ -25,7 +27,9 @@
 /* Decays of the attention-mass EMAs, per observation. */
 static const float kvt_pred_decay[KVT_PRED_N_EMA] = {0.5f, 0.8f, 0.95f};
 
-/* What the learned scorer keeps per (sequence, block, layer): 32 bytes. */
+/* What the learned scorer keeps per (sequence, block, layer): 32 bytes,
+ * its private state (kvt_scorer.state_bytes). The key norm is the
+ * framework's (kvt_bstate), copied in when features are computed. */
 typedef struct kvt_pred_bstate {
   float ema[KVT_PRED_N_EMA]; /* EMAs of the observed mass (the first observation sets them) */
   float max, sum, last;      /* max, accumulated and last observed mass */
@@ -87,6 +91,10 @@ static inline void kvt_pred_features(const kvt_pred_bstate *st, uint32_t block, 
   f[15] = 1.0f / (1.0f + age);                       /* recency */
 }
 
+/* Private state bytes per (block, layer) the learned scorer keeps. */
+#define KVT_PREDICTOR_STATE 32u
+_Static_assert(sizeof(kvt_pred_bstate) == KVT_PREDICTOR_STATE, "the scorer's state size");
+
 /* The shape a predictor is for, as its header states it. */
 typedef struct kvt_pred_shape {
   uint32_t n_layers, block_tokens, head_dim, n_kv_heads;
@@ -120,5 +128,13 @@ void kvt_predictor_free(kvt_predictor *p);
 float kvt_predictor_infer(const kvt_predictor *p, uint32_t layer, const float *f);
 /* The checksum a predictor file ends with: XXH3-64 of the bytes before it. */
 uint64_t kvt_predictor_checksum(const void *buf, size_t len);
+
+/* The engine's side (declared with the other per-namespace readers in
+ * policy.h: kvt_predictor_read()): the learned scorer's hooks. One
+ * observation of one block (update its private state). */
+void kvt_predictor_observe(const void *model, const kvt_pctx *c, const kvt_pblk *b, float mass);
+/* Predicted future mass (log) of n blocks; higher keeps. */
+void kvt_predictor_score(const void *model, const kvt_pctx *c, const kvt_pblk *b, size_t n,
+                         double *out);
 
 #endif

@@ -1,7 +1,9 @@
 /* test_learned.c - the learned scorer (KVpop, docs/policy.md): `kvtier
  * train` recovers a future mass that is a known function of the features;
  * predictor files that are truncated, damaged, of another version or for
- * another shape are refused with their code; the MLP runs as documented. */
+ * another shape are refused with their code (parser and public call);
+ * the MLP runs as documented; the scorer keeps the blocks the predictor
+ * ranks highest. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -259,11 +261,119 @@ static void test_train_recovers(void **state) {
   tu_rmtree(dir);
 }
 
+/* ---- the learned scorer in the engine -------------------------------------- */
+
+/* Write a linear shared predictor for sh whose only weight is wk on the
+ * key-norm feature: its prediction is wk * key norm. */
+static void write_keynorm_pred(const char *path, const kvt_shape *sh, float wk) {
+  float w[KVT_PRED_N_FEAT] = {0};
+  w[11] = wk;
+  kvt_pred_shape ps = {sh->n_layers, sh->block_tokens, sh->head_dim, sh->n_kv_heads};
+  uint8_t *b;
+  size_t n = make_pred(&ps, KVT_PRED_LINEAR, 0, 0, w, &b);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(b, 1, n, f), n);
+  assert_int_equal(fclose(f), 0);
+  free(b);
+}
+
+/* Blocks whose keys are all c_b: key norm c_b * sqrt(head_dim). With a
+ * predictor that scores by key norm (or its negative), the budget keeps
+ * the blocks it ranks highest, whatever their age. */
+static void keeps_ranked(float wk, const uint32_t *want, size_t n_want) {
+  static const float c[8] = {3, 7, 1, 8, 2, 6, 4, 5};
+  char *dir = tu_tmpdir(), path[2400];
+  snprintf(path, sizeof path, "%s/p.pred", dir);
+  kvt_engine *e = tu_open(dir, NULL);
+  kvt_shape sh = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 8, .dtype = KVT_F32,
+                  .block_tokens = 4};
+  kvt_ns_id ns = tu_register(e, "learned-model", &sh);
+  write_keynorm_pred(path, &sh, wk);
+  assert_int_equal(kvt_ns_load_predictor(e, ns, path), 0);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  float k[4 * 8], v[4 * 8] = {0};
+  for (uint32_t b = 0; b < 8; b++) {
+    uint32_t tok[4] = {b * 4 + 1, b * 4 + 2, b * 4 + 3, b * 4 + 4};
+    kvt_append_info info;
+    assert_int_equal(kvt_seq_append(s, tok, 4, &info), 0);
+    for (int i = 0; i < 32; i++) k[i] = c[b];
+    kvt_kv kv = {.k = k, .v = v, .dtype = KVT_F32, .n_tokens = 4, .n_heads = 1, .head_dim = 8};
+    assert_int_equal(kvt_seq_put(s, info.block, 0, &kv), 0);
+  }
+  kvt_policy p;
+  kvt_policy_init(&p);
+  assert_int_equal(kvt_policy_parse("learned", &p.scorer), 0);
+  p.budget = 0.5;
+  p.sink_blocks = 0;
+  p.window_blocks = 0;
+  p.delay = 0;
+  assert_int_equal(kvt_seq_set_policy(s, &p), 0);
+  kvt_gathered g[8];
+  size_t n;
+  assert_int_equal(kvt_seq_retained(s, 0, g, 8, &n), 0);
+  assert_int_equal(n, n_want);
+  for (size_t i = 0; i < n; i++) assert_int_equal(g[i].block, want[i]);
+  kvt_seq_release(s);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
+static void test_scorer_keeps_ranked(void **state) {
+  (void)state;
+  const uint32_t high[4] = {1, 3, 5, 7}, low[4] = {0, 2, 4, 6};
+  keeps_ranked(1.0f, high, 4);  /* key norms 7, 8, 6, 5 */
+  keeps_ranked(-1.0f, low, 4);  /* key norms 3, 1, 2, 4 */
+}
+
+/* Through the public call: a predictor for another shape, truncated or
+ * of another version is refused with its code, and "learned" without a
+ * predictor cannot be chosen. */
+static void test_load_refused(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir(), path[2400];
+  snprintf(path, sizeof path, "%s/p.pred", dir);
+  kvt_engine *e = tu_open(dir, NULL);
+  kvt_shape sh = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 8, .dtype = KVT_F32,
+                  .block_tokens = 4};
+  kvt_ns_id ns = tu_register(e, "learned-model", &sh);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  kvt_policy p;
+  kvt_policy_init(&p);
+  assert_int_equal(kvt_policy_parse("learned", &p.scorer), 0);
+  p.budget = 0.5;
+  assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
+  kvt_shape other = sh;
+  other.block_tokens = 16;
+  write_keynorm_pred(path, &other, 1.0f);
+  assert_int_equal(kvt_ns_load_predictor(e, ns, path), KVT_ESHAPE);
+  write_keynorm_pred(path, &sh, 1.0f);
+  assert_int_equal(truncate(path, 70), 0);
+  assert_int_equal(kvt_ns_load_predictor(e, ns, path), KVT_ECORRUPT);
+  write_keynorm_pred(path, &sh, 1.0f);
+  FILE *f = fopen(path, "r+b");
+  uint8_t ver[4] = {2, 0, 0, 0};
+  assert_int_equal(fseek(f, 8, SEEK_SET), 0);
+  assert_int_equal(fwrite(ver, 1, 4, f), 4);
+  fclose(f);
+  assert_int_equal(kvt_ns_load_predictor(e, ns, path), KVT_EVERSION);
+  snprintf(path, sizeof path, "%s/none", dir);
+  assert_int_equal(kvt_ns_load_predictor(e, ns, path), -ENOENT);
+  assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION); /* still none */
+  kvt_seq_release(s);
+  kvt_engine_close(e);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refused),
       cmocka_unit_test(test_infer),
       cmocka_unit_test(test_train_recovers),
+      cmocka_unit_test(test_scorer_keeps_ranked),
+      cmocka_unit_test(test_load_refused),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   return rc ? rc : g_skipped ? 77 : 0;
