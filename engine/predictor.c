@@ -1,29 +1,194 @@
-/* predictor.c - the learned scorer's model. Not there yet: loading any
- * predictor is refused, so "learned" cannot be chosen. */
+/* predictor.c - reading, checking and running the learned scorer's
+ * predictor (predictor.h; the file format is in docs/policy.md), and the
+ * scorer's hooks. A predictor that is truncated, of another version or
+ * made for another shape is refused whole; nothing of it is used. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "engine/internal.h"
 #include "engine/predictor.h"
+#include "kvtier.h"
 
-int kvt_predictor_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_predictor **out) {
-  (void)sh;
-  *out = NULL;
-  return KVT_ERR(e, KVT_EOPTION, "kvt_ns_load_predictor", "path", "a predictor file",
-                 "%s: predictors are not supported by this build", path);
+static uint32_t rd32(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t rd64(const uint8_t *p) { return (uint64_t)rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static float rdf(const uint8_t *p) {
+  uint32_t u = rd32(p);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
 }
 
-void kvt_predictor_free(kvt_predictor *p) { free(p); }
+uint64_t kvt_predictor_checksum(const void *buf, size_t len) { return XXH3_64bits(buf, len); }
+
+/* Refuse with code rc and a sentence in why. */
+static int refuse(char *why, size_t why_len, int rc, const char *fmt, ...) {
+  if (why && why_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
+  }
+  return rc;
+}
+
+/* The header's fields, checked against each other and the length. */
+static int check_header(const uint8_t *b, size_t len, kvt_predictor *p, char *why, size_t wl) {
+  if (len < 12 || memcmp(b, KVT_PRED_MAGIC, 8))
+    return refuse(why, wl, KVT_ECORRUPT, "not a kvtier predictor (magic)");
+  if (rd32(b + 8) != KVT_PRED_VERSION)
+    return refuse(why, wl, KVT_EVERSION, "predictor version %u; this build reads version %u",
+                  rd32(b + 8), KVT_PRED_VERSION);
+  if (len < KVT_PRED_HDR_BYTES + 8)
+    return refuse(why, wl, KVT_ECORRUPT, "truncated: %zu bytes, shorter than the header", len);
+  if (rd32(b + 12) != KVT_PRED_HDR_BYTES)
+    return refuse(why, wl, KVT_ECORRUPT, "header size %u, expected %u", rd32(b + 12),
+                  KVT_PRED_HDR_BYTES);
+  if (rd32(b + 16) != KVT_PRED_N_FEAT)
+    return refuse(why, wl, KVT_EVERSION, "made for %u features; this build computes %u",
+                  rd32(b + 16), KVT_PRED_N_FEAT);
+  p->kind = rd32(b + 20);
+  p->per_layer = rd32(b + 24);
+  p->hidden = rd32(b + 28);
+  p->shape = (kvt_pred_shape){rd32(b + 32), rd32(b + 36), rd32(b + 40), rd32(b + 44)};
+  p->window = rd32(b + 48);
+  p->budget = rdf(b + 52);
+  uint32_t n_w = rd32(b + 56);
+  if (p->kind > KVT_PRED_MLP || p->per_layer > 1 ||
+      (p->kind == KVT_PRED_MLP) != (p->hidden > 0) || p->hidden > KVT_PRED_MAX_HIDDEN)
+    return refuse(why, wl, KVT_ECORRUPT, "bad model kind %u (per_layer %u, hidden %u)", p->kind,
+                  p->per_layer, p->hidden);
+  if (p->shape.n_layers == 0 || p->shape.n_layers > KVT_PRED_MAX_LAYERS)
+    return refuse(why, wl, KVT_ECORRUPT, "n_layers %u out of range", p->shape.n_layers);
+  p->set_floats = kvt_pred_set_floats(p->kind, p->hidden);
+  uint64_t sets = p->per_layer ? p->shape.n_layers : 1, want = sets * p->set_floats;
+  if (n_w != want)
+    return refuse(why, wl, KVT_ECORRUPT, "%u weights where the model needs %llu", n_w,
+                  (unsigned long long)want);
+  size_t total = KVT_PRED_HDR_BYTES + (size_t)n_w * 4 + 8;
+  if (len < total)
+    return refuse(why, wl, KVT_ECORRUPT, "truncated: %zu bytes of %zu", len, total);
+  if (len > total)
+    return refuse(why, wl, KVT_ECORRUPT, "%zu bytes after the checksum", len - total);
+  if (rd64(b + total - 8) != kvt_predictor_checksum(b, total - 8))
+    return refuse(why, wl, KVT_ECORRUPT, "checksum mismatch");
+  return 0;
+}
+
+int kvt_predictor_parse(const void *buf, size_t len, const kvt_pred_shape *want,
+                        kvt_predictor **out, char *why, size_t why_len) {
+  if (!buf || !out) return KVT_ENULL;
+  *out = NULL;
+  const uint8_t *b = buf;
+  kvt_predictor p = {0};
+  int rc = check_header(b, len, &p, why, why_len);
+  if (rc) return rc;
+  const kvt_pred_shape *s = &p.shape;
+  if (want && (s->n_layers != want->n_layers || s->block_tokens != want->block_tokens ||
+               s->head_dim != want->head_dim || s->n_kv_heads != want->n_kv_heads))
+    return refuse(why, why_len, KVT_ESHAPE,
+                  "made for %u layers, %u-token blocks, head_dim %u, %u KV heads; the namespace "
+                  "has %u, %u, %u, %u", s->n_layers, s->block_tokens, s->head_dim, s->n_kv_heads,
+                  want->n_layers, want->block_tokens, want->head_dim, want->n_kv_heads);
+  size_t n = (size_t)(p.per_layer ? s->n_layers : 1) * p.set_floats;
+  if (!(p.w = malloc(n * sizeof *p.w))) return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    p.w[i] = rdf(b + KVT_PRED_HDR_BYTES + 4 * i);
+    if (!isfinite(p.w[i])) {
+      free(p.w);
+      return refuse(why, why_len, KVT_ECORRUPT, "weight %zu is not finite", i);
+    }
+  }
+  if (!(*out = malloc(sizeof **out))) {
+    free(p.w);
+    return -ENOMEM;
+  }
+  **out = p;
+  return 0;
+}
+
+void kvt_predictor_free(kvt_predictor *p) {
+  if (!p) return;
+  free(p->w);
+  free(p);
+}
+
+float kvt_predictor_infer(const kvt_predictor *p, uint32_t layer, const float *f) {
+  const float *w = p->w + (size_t)(p->per_layer ? layer : 0) * p->set_floats;
+  float y = 0;
+  if (p->kind == KVT_PRED_LINEAR) {
+    for (uint32_t i = 0; i < KVT_PRED_N_FEAT; i++) y += w[i] * f[i];
+    return y;
+  }
+  /* MLP: hidden[h] = relu(W1[h] . f + b1[h]); y = w2 . hidden + b2, laid
+   * out as W1 [hidden][N_FEAT], b1 [hidden], w2 [hidden], b2. */
+  const float *b1 = w + (size_t)p->hidden * KVT_PRED_N_FEAT, *w2 = b1 + p->hidden;
+  for (uint32_t h = 0; h < p->hidden; h++) {
+    float a = b1[h];
+    for (uint32_t i = 0; i < KVT_PRED_N_FEAT; i++) a += w[(size_t)h * KVT_PRED_N_FEAT + i] * f[i];
+    y += w2[h] * (a > 0 ? a : 0);
+  }
+  return y + w2[p->hidden];
+}
+
+/* ---- the engine's side: reading for a namespace, the scorer's hooks ------ */
+
+#define KVT_PRED_MAX_FILE (16u << 20) /* far above any model this format holds */
+
+int kvt_predictor_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_predictor **out) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int rc = -errno;
+    return KVT_ERR(e, rc, "kvt_ns_load_predictor", "path", "a readable predictor file", "%s: %s",
+                   path, strerror(-rc));
+  }
+  uint8_t *buf = malloc(KVT_PRED_MAX_FILE + 1);
+  size_t n = buf ? fread(buf, 1, KVT_PRED_MAX_FILE + 1, f) : 0;
+  int rd_err = ferror(f);
+  fclose(f);
+  if (!buf) return -ENOMEM;
+  if (rd_err) {
+    free(buf);
+    return KVT_ERR(e, -EIO, "kvt_ns_load_predictor", "path", "a readable predictor file",
+                   "%s: read error", path);
+  }
+  kvt_pred_shape want = {sh->n_layers, sh->block_tokens, sh->head_dim, sh->n_kv_heads};
+  char why[256] = "";
+  int rc = n > KVT_PRED_MAX_FILE
+               ? (snprintf(why, sizeof why, "larger than %u bytes", KVT_PRED_MAX_FILE), KVT_ECORRUPT)
+               : kvt_predictor_parse(buf, n, &want, out, why, sizeof why);
+  free(buf);
+  if (rc && rc != -ENOMEM)
+    return KVT_ERR(e, rc, "kvt_ns_load_predictor", "path", "a predictor for the namespace's shape",
+                   "%s: %s", path, why);
+  return rc;
+}
 
 void kvt_predictor_observe(const void *model, const kvt_pctx *c, const kvt_pblk *b, float mass) {
   (void)model;
   (void)c;
-  (void)b;
-  (void)mass;
+  kvt_pred_observe(b->st, mass);
 }
 
 void kvt_predictor_score(const void *model, const kvt_pctx *c, const kvt_pblk *b, size_t n,
                          double *out) {
-  (void)model;
-  (void)c;
-  for (size_t i = 0; i < n; i++) out[i] = b[i].bs->mass_sum;
+  float f[KVT_PRED_N_FEAT];
+  for (size_t i = 0; i < n; i++) {
+    kvt_pred_bstate st = *(const kvt_pred_bstate *)b[i].st;
+    st.key_norm = b[i].bs->key_norm;
+    if (!model) { /* the framework refuses "learned" without one; stay defined */
+      out[i] = b[i].bs->mass_sum;
+      continue;
+    }
+    kvt_pred_features(&st, b[i].block, c->n_blocks, c->block_tokens, c->layer, c->n_layers, f);
+    out[i] = kvt_predictor_infer(model, c->layer, f);
+  }
 }

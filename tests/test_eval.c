@@ -140,13 +140,14 @@ static void test_budget_trace(void **state) {
     uint32_t keep = room > 0 ? (uint32_t)floor(room / 16) : 0;
     if (keep < 1) keep = 1;
     assert_true(r.n_blocks >= 1 && r.n_blocks <= keep);
-    assert_int_equal(trace_read_entries(f, &r, e), 0);
+    assert_int_equal(trace_read_entries(f, &h, &r, e), 0);
     double sum = 0;
     for (uint32_t i = 0; i < r.n_blocks; i++) {
       assert_int_equal(e[i].token_pos, e[i].block * 16);
       assert_int_equal(e[i].age, r.pos - (e[i].token_pos + 15));
       assert_true(e[i].age >= 1);
       assert_true(i == 0 || e[i].block > e[i - 1].block);
+      assert_true(e[i].key_norm > 0 && isfinite(e[i].key_norm)); /* version 2 */
       sum += e[i].mass;
     }
     assert_int_equal(e[0].block, 0); /* the sink stays */
@@ -161,7 +162,7 @@ static void test_budget_trace(void **state) {
   f = fopen(path, "rb");
   assert_int_equal(trace_read_hdr(f, &h), 0);
   assert_int_equal(trace_read_rec(f, &r), 1);
-  assert_int_equal(trace_read_entries(f, &r, e), -EPROTO);
+  assert_int_equal(trace_read_entries(f, &h, &r, e), -EPROTO);
   fclose(f);
   tu_rmtree(dir);
 }

@@ -20,6 +20,8 @@ int cmd_warm(int argc, char **argv);  /* warm.c */
 void warm_usage(FILE *f);
 int cmd_eval(int argc, char **argv);  /* eval.c */
 void eval_usage(FILE *f);
+int cmd_train(int argc, char **argv); /* train.c */
+void train_usage(FILE *f);
 int cmd_plan(int argc, char **argv);  /* plan.c */
 void plan_usage(FILE *f);
 int cmd_stat(int argc, char **argv);  /* stat.c */

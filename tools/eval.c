@@ -59,7 +59,8 @@ typedef struct eval_run {
   FILE *logits_f;                     /* --dump-logits */
   uint32_t cur_seq;
   kvt_gathered *ret;                  /* scratch for kvt_seq_retained */
-  float *sorted;
+  const rm_dec *dec;                  /* the decoder under evaluation (its key norms) */
+  float *sorted, *knorm;              /* scratch: masses sorted, key norms of ret */
   /* the full cache's block masses of the current sequence, from a first
    * pass through kvtier with nothing evicted: [pos][layer][block] */
   float *fmass;
@@ -289,7 +290,10 @@ static void on_mass(void *arg, uint32_t layer, uint32_t pos, kvt_seq *s, const f
     r->cb_rc = rc ? rc : KVT_ECOUNT;
     return;
   }
-  if (r->tw && (rc = trace_step(r->tw, r->cur_seq, pos, layer, r->ret, mass, n))) {
+  uint32_t L = (uint32_t)r->m.c.n_layers;
+  for (size_t i = 0; r->tw && i < n; i++)
+    r->knorm[i] = r->dec->key_norm[(size_t)r->ret[i].block * L + layer];
+  if (r->tw && (rc = trace_step(r->tw, r->cur_seq, pos, layer, r->ret, mass, r->knorm, n))) {
     r->cb_rc = rc;
     return;
   }
@@ -366,6 +370,7 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
   d.rt_codec[1] = r->codec.warm ? 0 : r->codec.v;
   d.on_mass = on_mass;
   d.on_mass_arg = r;
+  r->dec = &d;
   rc = kvt_seq_set_policy(d.s, &r->pol);
   double nll = 0, nll_f = 0, kl = 0, agree = 0;
   uint64_t n = 0;
@@ -393,6 +398,7 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
   }
   rm_dec_free(&full);
   rm_dec_free(&d);
+  r->dec = NULL;
   if (rc) return rc;
   if (n == 0) return 0; /* too short to score: not in the means */
   size_t k = r->n_scored++;
@@ -519,6 +525,7 @@ static void eval_free(eval_run *r) {
   free(r->layers);
   free(r->ret);
   free(r->sorted);
+  free(r->knorm);
   free(r->fmass);
   free(r->keep);
   rm_model_free(&r->m);
@@ -543,12 +550,13 @@ static int eval_main(eval_run *r, const char *dir) {
   r->layers = calloc((size_t)r->m.c.n_layers, sizeof *r->layers);
   r->ret = calloc(S, sizeof *r->ret);
   r->sorted = calloc(S, sizeof *r->sorted);
+  r->knorm = calloc(S, sizeof *r->knorm);
   r->fm_blocks = S / r->bt + 1;
   r->keep = calloc(r->fm_blocks, 1);
 
   double *lp = malloc(2 * V * sizeof *lp);
   if (!r->nll || !r->nll_full || !r->kl || !r->top1 || !r->layers || !r->ret || !r->sorted ||
-      !r->keep || !lp) {
+      !r->knorm || !r->keep || !lp) {
     free(lp);
     return cli_lib_error("eval", "allocating", -ENOMEM);
   }

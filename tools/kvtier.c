@@ -33,6 +33,8 @@ static const command commands[] = {
      "           replayed through the engine's own eviction (--sweep over cold capacities)"},
     {"eval", cmd_eval, eval_usage,
      "the reference model's loss with a policy, budget or codec against the full cache"},
+    {"train", cmd_train, train_usage,
+     "fit the learned scorer's predictor to full-cache attention traces"},
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,

@@ -24,7 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FZ_CHECK(rc == 0 || rc == -EPROTO);
   if (rc == 0) {
     FZ_CHECK(size >= TRACE_HDR_BYTES && memcmp(in, TRACE_MAGIC, 8) == 0);
-    FZ_CHECK(h.version == TRACE_VERSION && fz_get32(in + 12) == TRACE_HDR_BYTES);
+    FZ_CHECK((h.version == 1 || h.version == TRACE_VERSION) && fz_get32(in + 12) == TRACE_HDR_BYTES);
+    size_t eb = h.version == 1 ? TRACE_ENTRY_BYTES_V1 : TRACE_ENTRY_BYTES;
+    FZ_CHECK(h.entry_bytes == eb);
     const uint32_t want[7] = {h.n_layers, h.n_q_heads, h.n_kv_heads, h.head_dim,
                               h.block_tokens, h.seq_len, h.scorer};
     for (int i = 0; i < 7; i++) FZ_CHECK(fz_get32(in + 16 + 4 * i) == want[i]);
@@ -42,19 +44,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       off += TRACE_REC_BYTES;
       trace_entry *e = malloc((size_t)r.n_blocks * sizeof *e);
       FZ_CHECK(e != NULL);
-      rc = trace_read_entries(f, &r, e);
+      rc = trace_read_entries(f, &h, &r, e);
       FZ_CHECK(rc == 0 || rc == -EPROTO);
       if (rc == 0) {
-        for (uint32_t i = 0; i < r.n_blocks; i++, off += TRACE_ENTRY_BYTES) {
-          uint32_t m;
+        for (uint32_t i = 0; i < r.n_blocks; i++, off += eb) {
+          uint32_t m, kn;
           memcpy(&m, &e[i].mass, 4);
+          memcpy(&kn, &e[i].key_norm, 4);
           FZ_CHECK(e[i].block == fz_get32(in + off) && e[i].token_pos == fz_get32(in + off + 4) &&
                    e[i].age == fz_get32(in + off + 8) && m == fz_get32(in + off + 12));
+          FZ_CHECK(kn == (eb == TRACE_ENTRY_BYTES ? fz_get32(in + off + 16) : 0));
         }
       }
       free(e);
       if (rc) {
-        FZ_CHECK(off + (size_t)r.n_blocks * TRACE_ENTRY_BYTES > size); /* truncated, truly */
+        FZ_CHECK(off + (size_t)r.n_blocks * eb > size); /* truncated, truly */
         break;
       }
     }

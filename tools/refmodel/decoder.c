@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "refmodel.h"
+#include "trace.h"
 
 int rm_ns_register(kvt_engine *e, const rm_model *m, uint32_t block_tokens, kvt_ns_id *ns) {
   char id[96], fp[32];
@@ -30,7 +31,8 @@ void rm_dec_free(rm_dec *d) {
   if (!d) return;
   kvt_seq_release(d->s);
   float *bufs[] = {d->x, d->xb, d->xb2, d->hb, d->hb2, d->q, d->logits, d->att_b, d->lse_b,
-                   d->k_tail, d->v_tail, d->k_all, d->v_all, d->mass, d->kv_rt};
+                   d->k_tail, d->v_tail, d->k_all, d->v_all, d->mass, d->kv_rt,
+                   d->key_norm};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
   free(d->tokens);
   free(d->enc);
@@ -71,9 +73,11 @@ int rm_dec_init(rm_dec *d, const rm_model *m, kvt_engine *e, kvt_ns_id ns) {
   d->v_tail = calloc(tail, sizeof(float));
   d->tokens = calloc(S, sizeof(uint32_t));
   d->mass = calloc(S / d->bt + 1, sizeof(float));
+  d->key_norm = calloc((S / d->bt + 1) * L, sizeof(float));
   d->kv_rt = calloc((size_t)d->bt * m->kv_dim, sizeof(float));
   int ok = d->x && d->xb && d->xb2 && d->q && d->att_b && d->lse_b && d->hb && d->hb2 &&
-           d->logits && d->k_tail && d->v_tail && d->tokens && d->mass && d->kv_rt;
+           d->logits && d->k_tail && d->v_tail && d->tokens && d->mass && d->kv_rt &&
+           d->key_norm;
   if (ok && !e) {
     d->k_all = calloc(L * S * m->kv_dim, sizeof(float));
     d->v_all = calloc(L * S * m->kv_dim, sizeof(float));
@@ -156,6 +160,15 @@ static float attend_rows(const float *q, const float *k, const float *v, size_t 
 
 /* ---- the cache ---------------------------------------------------------------- */
 
+/* Put one layer block into the sequence, noting its key norm first (the
+ * decoder's caches are f32). */
+static int put_block(rm_dec *d, uint32_t block, uint32_t l, const kvt_kv *kv) {
+  if ((size_t)block < (size_t)d->m->c.seq_len / d->bt + 1)
+    d->key_norm[(size_t)block * (size_t)d->m->c.n_layers + l] =
+        trace_key_norm((const float *)kv->k, (size_t)kv->n_tokens * kv->n_heads, kv->head_dim);
+  return kvt_seq_put(d->s, block, l, kv);
+}
+
 /* Attention over the full blocks of layer l into d->att_b, d->lse_b. */
 #define RELOAD_ROUNDS 8
 
@@ -177,7 +190,7 @@ static int reload_layer(rm_dec *d, uint32_t l) {
       kvt_kv kv = {.k = k, .v = k + each, .dtype = KVT_F32, .n_tokens = d->bt,
                    .n_heads = (uint32_t)m->c.n_kv_heads, .head_dim = m->head_dim};
       rc = kvt_seq_read(d->s, g[i].block, l, k, k + each, each * sizeof *k);
-      if (!rc) rc = kvt_seq_put(d->s, g[i].block, l, &kv);
+      if (!rc) rc = put_block(d, g[i].block, l, &kv);
     }
     if (!rc) rc = KVT_ENOTRESIDENT; /* see whether that was all */
   }
@@ -285,7 +298,7 @@ static int flush_tail(rm_dec *d) {
     }
     kvt_kv kv = {.k = k, .v = v, .dtype = KVT_F32, .n_tokens = d->bt,
                  .n_heads = (uint32_t)m->c.n_kv_heads, .head_dim = m->head_dim};
-    if (!rc) rc = kvt_seq_put(d->s, info.block, l, &kv);
+    if (!rc) rc = put_block(d, info.block, l, &kv);
   }
   return rc;
 }
@@ -366,7 +379,7 @@ int rm_dec_resume(rm_dec *d, const uint32_t *tokens, size_t n, size_t *n_tokens)
     for (uint32_t l = 0; !rc && l < L; l++) {
       kvt_kv kv = {.k = req[l].k_out, .v = req[l].v_out, .dtype = KVT_F32, .n_tokens = d->bt,
                    .n_heads = (uint32_t)m->c.n_kv_heads, .head_dim = m->head_dim};
-      rc = kvt_seq_put(d->s, info.block, l, &kv);
+      rc = put_block(d, info.block, l, &kv);
     }
     memcpy(d->tokens + b * d->bt, bt, d->bt * sizeof *bt);
     d->pos = (uint32_t)((b + 1) * d->bt);

@@ -97,6 +97,8 @@ typedef struct rm_dec {
   kvt_ns_id ns;
   kvt_seq *s;
   float *mass;              /* [seq_len / bt + 1] */
+  float *key_norm;          /* [seq_len / bt + 1][n_layers]: trace_key_norm() of each
+                               block's keys as put (for traces and learned scorers) */
   float *kv_rt;             /* scratch for codec round trips */
   uint8_t *enc;
   size_t enc_len;

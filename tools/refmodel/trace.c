@@ -2,6 +2,7 @@
  * written byte by byte in little-endian order so that a trace made on one
  * machine reads on any other. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,20 +61,21 @@ int trace_open(const char *path, const trace_hdr *h, trace_w **out) {
 }
 
 int trace_step(trace_w *w, uint32_t seq, uint32_t pos, uint32_t layer, const kvt_gathered *blocks,
-               const float *mass, size_t n) {
-  uint8_t b[TRACE_REC_BYTES];
+               const float *mass, const float *key_norm, size_t n) {
+  uint8_t b[TRACE_ENTRY_BYTES];
   put32(b, seq);
   put32(b + 4, pos);
   put32(b + 8, layer);
   put32(b + 12, (uint32_t)n);
-  w_bytes(w, b, sizeof b);
+  w_bytes(w, b, TRACE_REC_BYTES);
   for (size_t i = 0; i < n; i++) {
     uint32_t last = blocks[i].token_pos + w->block_tokens - 1;
     put32(b, blocks[i].block);
     put32(b + 4, blocks[i].token_pos);
     put32(b + 8, pos - last);
     put32(b + 12, f32_bits(mass[i]));
-    w_bytes(w, b, sizeof b);
+    put32(b + 16, f32_bits(key_norm ? key_norm[i] : 0.0f));
+    w_bytes(w, b, TRACE_ENTRY_BYTES);
   }
   return w->err;
 }
@@ -89,10 +91,11 @@ int trace_close(trace_w *w) {
 int trace_read_hdr(FILE *f, trace_hdr *h) {
   uint8_t b[TRACE_HDR_BYTES];
   if (fread(b, 1, sizeof b, f) != sizeof b || memcmp(b, TRACE_MAGIC, 8) ||
-      get32(b + 8) != TRACE_VERSION || get32(b + 12) != TRACE_HDR_BYTES)
+      get32(b + 8) < 1 || get32(b + 8) > TRACE_VERSION || get32(b + 12) != TRACE_HDR_BYTES)
     return -EPROTO;
   memset(h, 0, sizeof *h);
   h->version = get32(b + 8);
+  h->entry_bytes = h->version == 1 ? TRACE_ENTRY_BYTES_V1 : TRACE_ENTRY_BYTES;
   uint32_t *f32[] = {&h->n_layers, &h->n_q_heads, &h->n_kv_heads, &h->head_dim,
                      &h->block_tokens, &h->seq_len, &h->scorer};
   for (size_t i = 0; i < 7; i++) *f32[i] = get32(b + 16 + 4 * i);
@@ -111,13 +114,29 @@ int trace_read_rec(FILE *f, trace_rec *r) {
   return r->n_blocks >= 1 && r->n_blocks <= TRACE_MAX_BLOCKS ? 1 : -EPROTO;
 }
 
-int trace_read_entries(FILE *f, const trace_rec *r, trace_entry *e) {
+static float f32_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+int trace_read_entries(FILE *f, const trace_hdr *h, const trace_rec *r, trace_entry *e) {
   uint8_t b[TRACE_ENTRY_BYTES];
+  size_t eb = h->entry_bytes == TRACE_ENTRY_BYTES_V1 ? TRACE_ENTRY_BYTES_V1 : TRACE_ENTRY_BYTES;
   for (uint32_t i = 0; i < r->n_blocks; i++) {
-    if (fread(b, 1, sizeof b, f) != sizeof b) return -EPROTO;
-    uint32_t m = get32(b + 12);
-    e[i] = (trace_entry){get32(b), get32(b + 4), get32(b + 8), 0};
-    memcpy(&e[i].mass, &m, 4);
+    if (fread(b, 1, eb, f) != eb) return -EPROTO;
+    e[i] = (trace_entry){get32(b), get32(b + 4), get32(b + 8), f32_of(get32(b + 12)),
+                         eb == TRACE_ENTRY_BYTES ? f32_of(get32(b + 16)) : 0.0f};
   }
   return 0;
+}
+
+float trace_key_norm(const float *k, size_t n_vec, uint32_t head_dim) {
+  double sum = 0;
+  for (size_t v = 0; v < n_vec; v++) {
+    double ss = 0;
+    for (uint32_t i = 0; i < head_dim; i++) ss += (double)k[v * head_dim + i] * k[v * head_dim + i];
+    sum += sqrt(ss);
+  }
+  return n_vec ? (float)(sum / (double)n_vec) : 0.0f;
 }
