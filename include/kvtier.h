@@ -21,8 +21,9 @@
  *  - pin: held by the library itself while it copies a payload outside its
  *    lock; a pinned block cannot change tier or be freed.
  *  - retained: the blocks of (sequence, layer) that attention runs over:
- *    every referenced block in RAM, less what the sequence's policy
- *    evicted from that layer (see the policy group).
+ *    every referenced block (in RAM, or not resident and brought back
+ *    first), less what the sequence's policy evicted from that layer (see
+ *    the policy group).
  *  - not resident: a block of (sequence, layer) that the sequence
  *    references but that is only in the cold tier: it left RAM once
  *    durable, or the token block was appended as durable (stored by an
@@ -638,7 +639,9 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t n_tok
  * hot blocks are copied by kvt_load_wait() outside the engine lock, cold
  * reads (cold-tier issue) are submitted to the device here.
  * The reqs array is kept by the library until kvt_load_wait() returns and
- * must stay valid until then; statuses are written there.
+ * must stay valid until then; statuses are written there. (To bring a
+ * sequence's own blocks back into RAM ahead of attention, rather than copy
+ * them out, see kvt_seq_prefetch().)
  * @return 0 (per-request failures are reported in reqs[i].status by wait);
  *   KVT_ENULL; KVT_ECOUNT (0 or more than max_load_reqs); KVT_ENOTFOUND
  *   (namespace); KVT_ENOPAYLOAD; -ENOMEM. */
