@@ -199,12 +199,16 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
   float *buf = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, buf_bytes);
   int rc = (!blk || !buf) ? -ENOMEM : 0;
   size_t n = 0;
+  kvt_promo *hold = NULL; /* blocks only on disk, brought back (promote.c) */
+  if (!rc) rc = kvt_promote_hold(s, layer, &hold);
   if (!rc) {
     pthread_mutex_lock(&e->lock);
     uint32_t away = kvt_seq_nonresident(s, layer);
     n = away ? 0 : kvt_retained_pin(s, layer, blk, NULL);
     e->st.attends++;
     pthread_mutex_unlock(&e->lock);
+    int why = kvt_promote_why(hold);
+    kvt_promote_release(e, hold);
     *n_blocks = away ? away : n;
     rc = away ? KVT_ENOTRESIDENT
               : (block_mass && max_blocks < n) ? KVT_EBUFSIZE : check_warm(&c, blk, n);
@@ -213,7 +217,7 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
               "%zu (%zu retained)", max_blocks, n);
     else if (rc == KVT_ENOTRESIDENT)
       KVT_ERR(e, rc, "kvt_seq_attend", "layer", "every referenced block in RAM",
-              "%u blocks of layer %u only on disk", away, layer);
+              "%u blocks on disk (%s)", away, kvt_promote_reason(why));
   }
   if (!rc) {
     if (block_mass) memset(block_mass, 0, n * sizeof *block_mass);

@@ -22,7 +22,7 @@ static const char *const kvt_msgs[] = {
   "a fixed limit set at open was reached",                              /* ELIMIT */
   "stored data failed a check",                                         /* ECORRUPT */
   "stored data has a format version this build cannot read",            /* EVERSION */
-  "referenced blocks are not in RAM (load and put them first)",         /* ENOTRESIDENT */
+  "referenced blocks are only on disk and could not be brought back",  /* ENOTRESIDENT */
   "referenced blocks reached RAM only quantized: they cannot be durable", /* ENOTDURABLE */
   "the cold tier's index is damaged or missing; rebuild it from the segment files "
   "(kvtier fsck --rebuild-index DIR)",                                  /* EINDEX */

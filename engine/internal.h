@@ -54,6 +54,9 @@ typedef struct kvt_tblk {
   uint8_t cold;               /* durable in the cold tier */
   uint8_t queued;             /* waiting for the flusher (its layers pinned) */
   uint8_t prompt;             /* appended as prompt at least once (admission) */
+  uint8_t lost;               /* was durable, and its cold record failed a check: a
+                                 layer a sequence references but never put is
+                                 nowhere now (kvt_seq_away still counts it) */
   uint32_t seen;              /* appends of it (admission) */
   int cold_err;               /* why its last way to the cold tier failed (0: none):
                                  kvt_sync reports it while it is referenced and not
@@ -96,6 +99,7 @@ struct kvt_load {
   uint32_t *cr_idx;           /* which request each one is */
   size_t n_cr;
   kvt_cold_batch *cb;         /* NULL once waited for */
+  struct kvt_promo *promo;    /* a prefetch of a sequence's own blocks (promote.c) */
 };
 
 /* Per-tier counters kvt_stats has no field for, rendered by
@@ -223,12 +227,28 @@ size_t kvt_retained_pin(kvt_seq *s, uint32_t layer, kvt_lblk **blk, uint32_t *id
 void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n);
 /* Blocks of (s, layer) that s references but that are not in RAM: a layer
  * block that left for the cold tier, or a durable token block whose layer
- * was neither adopted nor put (nor evicted by the policy). Attention,
- * gathers and kvt_seq_retained() refuse to run over fewer blocks than the
- * sequence references (KVT_ENOTRESIDENT). With the lock held. */
+ * was neither adopted nor put (nor evicted by the policy). Attention and
+ * gathers bring them back first (promote.c) and refuse to run over fewer
+ * blocks than the sequence references (KVT_ENOTRESIDENT) when that
+ * fails. With the lock held. */
 uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer);
 int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer); /* one such block? */
 void kvt_load_free_locked(kvt_load *ld);
+
+/* promote.c: bring the away blocks of (s, layer) back into RAM (one
+ * batched cold read) and hold every retained block of the layer pinned, so
+ * none leaves before the caller pins what it runs over; release after.
+ * Without the lock. 0 (*hold may be NULL: nothing was away) or -ENOMEM. */
+typedef struct kvt_promo kvt_promo;
+int kvt_promote_hold(kvt_seq *s, uint32_t layer, kvt_promo **hold);
+/* Why a block stayed away (KVT_ECORRUPT, KVT_ENOTFOUND, KVT_EFULL,
+ * -ENOMEM), or 0. */
+int kvt_promote_why(const kvt_promo *hold);
+const char *kvt_promote_reason(int why); /* short, for error details */
+void kvt_promote_release(kvt_engine *e, kvt_promo *hold);
+/* kvt_load_wait and kvt_load_free_locked of a kvt_seq_prefetch() load. */
+int kvt_promote_load_wait(kvt_load *ld, size_t *n_ok);
+void kvt_promote_load_free_locked(kvt_load *ld);
 
 /* seq.c: reallocate s's arrays for cap blocks and private policy state
  * of stride bytes per (block, layer) (reset when the stride changes).

@@ -460,14 +460,6 @@ int kvt_ns_load_predictor(kvt_engine *e, kvt_ns_id ns, const char *path) {
 
 /* ---- listing ------------------------------------------------------------------ */
 
-/* The blocks kvt_seq_nonresident() counts, in block order, as cold. */
-static void list_away(const kvt_seq *s, uint32_t layer, kvt_gathered *blocks) {
-  uint32_t bt = s->ns->desc.shape.block_tokens;
-  for (uint32_t b = 0, i = 0; b < s->n_blocks; b++)
-    if (kvt_seq_away(s, b, layer))
-      blocks[i++] = (kvt_gathered){.block = b, .token_pos = b * bt, .tier = KVT_TIER_COLD};
-}
-
 int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t max_blocks,
                      size_t *n_blocks) {
   if (!s || !n_blocks || (max_blocks && !blocks)) return KVT_ENULL;
@@ -475,14 +467,18 @@ int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t ma
   if (layer >= s->ns->desc.shape.n_layers) return KVT_ENOTFOUND;
   kvt_engine *e = s->e;
   pthread_mutex_lock(&e->lock);
-  uint32_t away = kvt_seq_nonresident(s, layer);
-  size_t n = away ? away : kvt_retained_pin(s, layer, NULL, NULL);
-  int rc = away ? KVT_ENOTRESIDENT : n > max_blocks && blocks ? KVT_EBUFSIZE : 0;
-  if (away && blocks && max_blocks >= away) list_away(s, layer, blocks);
+  /* Blocks only on disk are listed as cold: attention and gathers bring
+   * them back (promote.c). */
+  size_t n = kvt_seq_nonresident(s, layer) + kvt_retained_pin(s, layer, NULL, NULL);
+  int rc = n > max_blocks && blocks ? KVT_EBUFSIZE : 0;
   if (rc == KVT_EBUFSIZE)
     KVT_ERR(e, rc, "kvt_seq_retained", "max_blocks", "at least the retained blocks",
             "%zu (%zu retained)", max_blocks, n);
   for (uint32_t b = 0, i = 0; !rc && blocks && b < s->n_blocks; b++) {
+    if (kvt_seq_away(s, b, layer)) {
+      blocks[i++] = (kvt_gathered){.block = b, .token_pos = b * bt, .tier = KVT_TIER_COLD};
+      continue;
+    }
     if (!retained_at(s, b, layer)) continue;
     const kvt_lblk *lb = s->lb[(size_t)b * s->ns->desc.shape.n_layers + layer];
     blocks[i++] = (kvt_gathered){.block = b, .token_pos = b * bt, .tier = lb->tier,

@@ -538,6 +538,7 @@ static int read_cold(kvt_engine *e, kvt_tblk *tb, const kvt_key *key, uint32_t l
   if (rc != KVT_ECORRUPT) return rc;
   if (tb) {
     pthread_mutex_lock(&e->lock);
+    tb->lost |= tb->cold;
     tb->cold = 0;
     pthread_mutex_unlock(&e->lock);
   }
@@ -598,7 +599,8 @@ void kvt_retained_unpin(kvt_engine *e, kvt_lblk **blk, size_t n) {
 int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer) {
   size_t i = (size_t)block * s->ns->desc.shape.n_layers + layer;
   const kvt_lblk *lb = s->lb[i];
-  return lb ? lb->tier == KVT_TIER_COLD : s->tb[block]->cold && !s->bs[i].left;
+  const kvt_tblk *tb = s->tb[block];
+  return lb ? lb->tier == KVT_TIER_COLD : (tb->cold || tb->lost) && !s->bs[i].left;
 }
 
 uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer) {
@@ -614,13 +616,12 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   uint32_t L = s->ns->desc.shape.n_layers;
   if (layer >= L) return KVT_ENOTFOUND;
   size_t each = s->ns->bytes_each;
-  if (!k_out) { /* size query */
+  if (!k_out) { /* size query: blocks only on disk will be brought back */
     pthread_mutex_lock(&e->lock);
-    uint32_t away = kvt_seq_nonresident(s, layer);
-    *n_blocks = away ? away : kvt_retained_pin(s, layer, NULL, NULL);
+    *n_blocks = kvt_seq_nonresident(s, layer) + kvt_retained_pin(s, layer, NULL, NULL);
     pthread_mutex_unlock(&e->lock);
-    *bytes_each = away ? 0 : *n_blocks * each;
-    return away ? KVT_ENOTRESIDENT : 0;
+    *bytes_each = *n_blocks * each;
+    return 0;
   }
   if (!v_out) return KVT_ENULL;
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
@@ -628,13 +629,21 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   kvt_lblk **blk = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, arr);
   if (!blk) return -ENOMEM;
   uint32_t *idx = (uint32_t *)(blk + s->n_blocks);
+  kvt_promo *hold = NULL; /* blocks only on disk, brought back (promote.c) */
+  int rc = kvt_promote_hold(s, layer, &hold);
+  if (rc) {
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, arr);
+    return rc;
+  }
   pthread_mutex_lock(&e->lock);
   uint32_t away = kvt_seq_nonresident(s, layer);
   size_t n = away ? 0 : kvt_retained_pin(s, layer, blk, idx), need = n * each;
-  int rc = away ? KVT_ENOTRESIDENT
-                : (*bytes_each < need || (blocks && max_blocks < n)) ? KVT_EBUFSIZE : 0;
+  rc = away ? KVT_ENOTRESIDENT
+            : (*bytes_each < need || (blocks && max_blocks < n)) ? KVT_EBUFSIZE : 0;
   if (rc) kvt_retained_unpin(e, blk, n);
   pthread_mutex_unlock(&e->lock);
+  int why = kvt_promote_why(hold);
+  kvt_promote_release(e, hold);
   *n_blocks = away ? away : n;
   if (rc == KVT_EBUFSIZE && *bytes_each < need)
     KVT_ERR(e, rc, "kvt_seq_gather", "bytes_each", "room for every retained block",
@@ -644,7 +653,7 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
             "%zu (%zu retained)", max_blocks, n);
   else if (rc == KVT_ENOTRESIDENT)
     KVT_ERR(e, rc, "kvt_seq_gather", "layer", "every referenced block in RAM",
-            "%u blocks of layer %u only on disk", away, layer);
+            "%u blocks on disk (%s)", away, kvt_promote_reason(why));
   if (!rc) {
     uint32_t bt = s->ns->desc.shape.block_tokens;
     for (size_t i = 0; i < n && !rc; i++) {
@@ -671,6 +680,7 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
 
 void kvt_load_free_locked(kvt_load *ld) {
   kvt_engine *e = ld->e;
+  kvt_promote_load_free_locked(ld); /* a prefetch: its own blocks */
   kvt_cold_read_wait(ld->cb); /* the reader writes into cr and the caller's buffers */
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld->cr, ld->n_cr * (sizeof *ld->cr + sizeof *ld->cr_idx));
   for (size_t i = 0; i < ld->n; i++)
@@ -727,7 +737,10 @@ static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
     if (st == KVT_ECORRUPT) { /* no longer durable */
       pthread_mutex_lock(&e->lock);
       kvt_tblk *tb = kvt_index_find(e, &r->key);
-      if (tb) tb->cold = 0;
+      if (tb) {
+        tb->lost |= tb->cold;
+        tb->cold = 0;
+      }
       pthread_mutex_unlock(&e->lock);
     }
     r->status = st;
@@ -790,6 +803,7 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
 
 int kvt_load_wait(kvt_load *ld, size_t *n_ok) {
   if (!ld) return KVT_ENULL;
+  if (ld->promo) return kvt_promote_load_wait(ld, n_ok);
   kvt_engine *e = ld->e;
   size_t ok = 0, first_i = 0;
   int first = 0;

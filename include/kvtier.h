@@ -22,15 +22,19 @@
  *    lock, or by a request for a step (kvt_seq_pin()); a pinned block
  *    cannot change tier or be freed.
  *  - retained: the blocks of (sequence, layer) that attention runs over:
- *    every referenced block in RAM, less what the sequence's policy
- *    evicted from that layer (see the policy group).
+ *    every referenced block (in RAM, or not resident and brought back
+ *    first), less what the sequence's policy evicted from that layer (see
+ *    the policy group).
  *  - not resident: a block of (sequence, layer) that the sequence
  *    references but that is only in the cold tier: it left RAM once
  *    durable, or the token block was appended as durable (stored by an
- *    earlier run) and that layer was not put. Calls that run over the
- *    retained blocks never run over fewer than the sequence references:
- *    they fail with KVT_ENOTRESIDENT until such blocks are loaded and put
- *    again (what the policy evicted on purpose does not count).
+ *    earlier run) and that layer was not put. The engine brings such
+ *    blocks back into RAM itself: kvt_seq_attend() and kvt_seq_gather()
+ *    read a layer's missing blocks from the cold tier in one batch, and
+ *    kvt_seq_prefetch() does it ahead of time. They never run over fewer
+ *    blocks than the sequence references: when a block cannot be brought
+ *    back they fail with KVT_ENOTRESIDENT (what the policy evicted on
+ *    purpose does not count, and is not brought back).
  *
  * Threads: one engine may be used from several threads at once. A single
  * sequence must not be used from two threads at the same time (as with an
@@ -72,8 +76,8 @@ extern "C" {
 #define KVT_ELIMIT      (-30915) /**< a fixed limit set at open was reached */
 #define KVT_ECORRUPT    (-30916) /**< stored data failed a check */
 #define KVT_EVERSION    (-30917) /**< stored data has a format version this build cannot read */
-#define KVT_ENOTRESIDENT (-30918) /**< blocks the sequence references are not in RAM (only
-                                       in the cold tier): load and put them first */
+#define KVT_ENOTRESIDENT (-30918) /**< blocks the sequence references are only on disk
+                                       and could not be brought back into RAM */
 #define KVT_ENOTDURABLE (-30919) /**< blocks sequences reference cannot become durable:
                                       they reached RAM only in quantized form */
 #define KVT_EINDEX      (-30920) /**< the cold tier's index is damaged or missing: rebuild it
@@ -394,6 +398,8 @@ typedef struct kvt_stats {
   uint64_t cold_segment_bytes; /**< one segment file, as the store records it (0 without files) */
   uint64_t cold_reclaims;    /**< segments reclaimed (freed for reuse) by this engine */
   uint64_t cold_relocated;   /**< referenced blocks written again out of reclaimed segments */
+  uint64_t promotions;       /**< layer blocks only on disk that attention, gathers or
+                                  kvt_seq_prefetch() brought back into RAM */
   char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */
   char io_why[160];          /**< why that backend */
 } kvt_stats;
@@ -676,7 +682,9 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t n_tok
  * hot blocks are copied by kvt_load_wait() outside the engine lock, cold
  * reads (cold-tier issue) are submitted to the device here.
  * The reqs array is kept by the library until kvt_load_wait() returns and
- * must stay valid until then; statuses are written there.
+ * must stay valid until then; statuses are written there. (To bring a
+ * sequence's own blocks back into RAM ahead of attention, rather than copy
+ * them out, see kvt_seq_prefetch().)
  * @return 0 (per-request failures are reported in reqs[i].status by wait);
  *   KVT_ENULL; KVT_ECOUNT (0 or more than max_load_reqs); KVT_ENOTFOUND
  *   (namespace); KVT_ENOPAYLOAD; -ENOMEM. */
@@ -735,6 +743,28 @@ int kvt_load_poll(kvt_load *ld, size_t *n_ok);
  * it: do not close it; kvt_engine_close() does. Thread-safe.
  * @return the fd (>= 0); KVT_ENULL; -errno from eventfd(2) (-EMFILE...). */
 int kvt_event_fd(kvt_engine *e);
+
+/** Prefetch: start bringing back into RAM the blocks s references in
+ * layers [layer, layer + n_layers) whose payload is only in the cold tier
+ * (they left RAM, or the token block was appended as durable and that
+ * layer was not put), as one batched cold read, and return at once, so a
+ * serving engine reads the next layers while the GPU computes.
+ * kvt_load_wait(*out, &n_ok) waits for the reads, checks them and
+ * publishes the blocks into the hot tier (the warm tier when the hot one
+ * cannot take them), under the tier limits; the sequence references them
+ * as before, so kvt_seq_attend() and kvt_seq_gather() then read nothing
+ * from disk (unless the blocks left RAM again meanwhile). Blocks the
+ * policy evicted (left) are not brought back. *out is always a handle
+ * (possibly with nothing to read); until kvt_load_wait() the blocks'
+ * descriptors are pinned, and releasing s meanwhile is allowed.
+ * kvt_load_wait() of it: n_ok receives the blocks brought back; returns 0,
+ * or the first reason a block was not: KVT_ECORRUPT (its cold record
+ * failed a check: it is a miss from then on, see kvt_seq_attend()),
+ * KVT_ENOTFOUND (no longer in the cold tier), KVT_EFULL (RAM cannot take
+ * it), -ENOMEM.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (the layer range); KVT_ENOPAYLOAD;
+ *   -ENOMEM. */
+int kvt_seq_prefetch(kvt_seq *s, uint32_t layer, uint32_t n_layers, kvt_load **out);
 
 /** @} */
 
@@ -859,14 +889,22 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
  * Size query: with k_out == NULL, only *n_blocks and *bytes_each are set.
  * @param blocks may be NULL; else max_blocks entries say which block each
  *   gathered slice came from, its token position and tier.
+ * Blocks of the layer only on disk are first brought back into RAM (one
+ * batched cold read, checked; see kvt_seq_prefetch()); a size query
+ * counts them without reading.
  * @param n_blocks receives the number of blocks gathered (or that would be);
  *   with KVT_ENOTRESIDENT, the number of blocks not resident.
  * @param bytes_each in: capacity of k_out and v_out; out: bytes written
  *   (or needed; 0 with KVT_ENOTRESIDENT). @return 0; KVT_ENULL;
  *   KVT_ENOTFOUND (layer); KVT_EBUFSIZE when a buffer or blocks is too
  *   small (nothing is written); KVT_ENOPAYLOAD; KVT_ENOTRESIDENT when
- *   blocks s references in the layer are not in RAM (nothing is written;
- *   kvt_seq_retained() lists them). */
+ *   blocks s references in the layer are only on disk and could not be
+ *   brought back: a cold record failed its check (it left the cold tier
+ *   and the token block is no longer durable: the block stays referenced
+ *   and reported until the caller puts it again), is no longer stored, or
+ *   RAM cannot take them (the tiers are full of pinned or referenced
+ *   blocks); nothing is written, kvt_seq_retained() lists them as cold
+ *   and kvt_last_error() says why; -ENOMEM. */
 int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t *bytes_each,
                    kvt_gathered *blocks, size_t max_blocks, size_t *n_blocks);
 
@@ -887,13 +925,15 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
  * @param block_mass may be NULL; else max_blocks entries: the attention
  *   mass each retained block received, in block order, summed over query
  *   heads (what kvt's policy layer observes).
+ * Blocks of the layer only on disk are first brought back into RAM, as in
+ * kvt_seq_gather().
  * @param n_blocks receives the number of retained blocks; with
  *   KVT_ENOTRESIDENT, the number of blocks not resident.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_ECOUNT (n_q_heads);
  *   KVT_EBUFSIZE (max_blocks too small; nothing computed); KVT_ENOPAYLOAD;
  *   KVT_ECORRUPT (a warm payload failed its check); KVT_ENOTRESIDENT
- *   (blocks s references in the layer are not in RAM; nothing computed,
- *   kvt_seq_retained() lists them); -ENOMEM. */
+ *   (blocks s references in the layer are only on disk and could not be
+ *   brought back, as in kvt_seq_gather(); nothing computed); -ENOMEM. */
 int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                    float *out, float *lse, float *block_mass, size_t max_blocks, size_t *n_blocks);
 
@@ -943,8 +983,9 @@ int kvt_seq_gather_layers(kvt_seq *s, uint32_t first_layer, uint32_t n_layers, v
  * the same block keep it. Never evicted: the first sink_blocks blocks,
  * the newest window_blocks blocks, and blocks observed fewer than delay
  * times (delayed scoring); when those and the tail alone exceed the
- * budget, the layer is over budget (kvt_seq_policy_info()). There is no
- * promotion back yet. The default policy, "full", retains everything.
+ * budget, the layer is over budget (kvt_seq_policy_info()). What the
+ * policy evicted is not brought back (retained blocks only on disk are:
+ * kvt_seq_prefetch()). The default policy, "full", retains everything.
  * @{ */
 
 /** Scorers: what decides which blocks a layer keeps. These ids are
@@ -1071,15 +1112,14 @@ int kvt_ns_load_predictor(kvt_engine *e, kvt_ns_id ns, const char *path);
 int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t n_blocks);
 
 /** List the retained blocks of (s, layer) in block order: index, token
- * position and tier (exact: 1 when hot), without copying any payload.
+ * position and tier (exact: 1 when hot), without copying any payload and
+ * without reading: a block only on disk, which kvt_seq_attend(),
+ * kvt_seq_gather() and kvt_seq_prefetch() bring back, is listed with tier
+ * KVT_TIER_COLD (exact 0).
  * @param blocks may be NULL when max_blocks is 0 (a count query).
- * @param n_blocks receives the number of retained blocks; with
- *   KVT_ENOTRESIDENT, the number of blocks not resident.
+ * @param n_blocks receives the number of retained blocks.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_EBUFSIZE (max_blocks
- *   too small: *n_blocks says how many, nothing else is written);
- *   KVT_ENOTRESIDENT when blocks s references in the layer are not in RAM:
- *   then, if max_blocks >= *n_blocks, blocks lists those (tier
- *   KVT_TIER_COLD, exact 0), for the caller to load and put. */
+ *   too small: *n_blocks says how many, nothing else is written). */
 int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t max_blocks,
                      size_t *n_blocks);
 

@@ -1,7 +1,7 @@
 /* test_resident_refmodel.c - the reference decoder over a store whose hot
  * tier holds a fraction of the context and whose blocks leave RAM once
- * durable: attention must still run over every block (the decoder reads
- * back and puts what kvt_seq_attend reports not resident), so its logits
+ * durable: attention must still run over every block (the engine brings
+ * back what left RAM; the decoder never reads and puts), so its logits
  * equal a plain cache's bit for bit. Needs stories260K (KVTIER_DATA). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +60,8 @@ static void test_small_hot_cold_bit_identical(void **state) {
   kvt_stats st;
   tu_stats(e, &st);
   assert_true(st.evictions[KVT_TIER_HOT] > 0); /* blocks did leave RAM */
+  assert_true(st.promotions > 0);              /* and came back for attention */
+  assert_true(st.puts <= (uint64_t)(TOKENS / 16) * m.c.n_layers); /* each put once */
   rm_dec_free(&a);
   rm_dec_free(&b);
   kvt_engine_close(e);

@@ -300,6 +300,7 @@ static const struct {
     F(cold_checksum_failures), F(cold_write_failures), F(cold_segments), F(cold_segment_bytes),
     F(cold_reclaims),
     F(cold_relocated),
+    F(promotions),
 };
 
 void tu_assert_stats_eq(const kvt_stats *a, const kvt_stats *b) {

@@ -116,7 +116,7 @@ class Stats(Structure):
                 ("cold_checksum_failures", c_uint64), ("cold_write_failures", c_uint64),
                 ("cold_segments", c_uint64), ("cold_segment_bytes", c_uint64),
                 ("cold_reclaims", c_uint64), ("cold_relocated", c_uint64),
-                ("io_backend", c_char * 32), ("io_why", c_char * 160)]
+                ("promotions", c_uint64), ("io_backend", c_char * 32), ("io_why", c_char * 160)]
 
 
 class FsckResult(Structure):

@@ -169,36 +169,8 @@ static int put_block(rm_dec *d, uint32_t block, uint32_t l, const kvt_kv *kv) {
   return kvt_seq_put(d->s, block, l, kv);
 }
 
-/* Attention over the full blocks of layer l into d->att_b, d->lse_b. */
-#define RELOAD_ROUNDS 8
-
-/* Blocks of layer l that left RAM for the cold tier: read each back and
- * put it, which gives the engine its RAM copy again (attention never runs
- * over fewer blocks than the sequence holds). */
-static int reload_layer(rm_dec *d, uint32_t l) {
-  const rm_model *m = d->m;
-  size_t max = (size_t)m->c.seq_len / d->bt + 1, n = 0, each = (size_t)d->bt * m->kv_dim;
-  kvt_gathered *g = malloc(max * sizeof *g);
-  float *k = malloc(2 * each * sizeof *k);
-  int rc = g && k ? KVT_ENOTRESIDENT : -ENOMEM;
-  /* A put may push out an older block of the layer: again, a few times. */
-  for (int round = 0; rc == KVT_ENOTRESIDENT && round < RELOAD_ROUNDS; round++) {
-    rc = kvt_seq_retained(d->s, l, g, max, &n);
-    if (rc != KVT_ENOTRESIDENT) break;
-    rc = n <= max ? 0 : KVT_EBUFSIZE;
-    for (size_t i = 0; !rc && i < n; i++) {
-      kvt_kv kv = {.k = k, .v = k + each, .dtype = KVT_F32, .n_tokens = d->bt,
-                   .n_heads = (uint32_t)m->c.n_kv_heads, .head_dim = m->head_dim};
-      rc = kvt_seq_read(d->s, g[i].block, l, k, k + each, each * sizeof *k);
-      if (!rc) rc = put_block(d, g[i].block, l, &kv);
-    }
-    if (!rc) rc = KVT_ENOTRESIDENT; /* see whether that was all */
-  }
-  free(g);
-  free(k);
-  return rc;
-}
-
+/* Attention over the full blocks of layer l into d->att_b, d->lse_b. Blocks
+ * that left RAM for the cold tier are brought back by the engine. */
 static int attend_blocks(rm_dec *d, uint32_t l, float *p) {
   const rm_model *m = d->m;
   uint32_t H = (uint32_t)m->c.n_heads, D = m->head_dim, grp = H / (uint32_t)m->c.n_kv_heads;
@@ -220,8 +192,6 @@ static int attend_blocks(rm_dec *d, uint32_t l, float *p) {
   }
   size_t n = 0, max = (size_t)m->c.seq_len / d->bt + 1;
   int rc = kvt_seq_attend(d->s, l, d->q, H, d->scale, d->att_b, d->lse_b, d->mass, max, &n);
-  if (rc == KVT_ENOTRESIDENT && !(rc = reload_layer(d, l)))
-    rc = kvt_seq_attend(d->s, l, d->q, H, d->scale, d->att_b, d->lse_b, d->mass, max, &n);
   if (rc) return rc;
   if (d->on_mass) d->on_mass(d->on_mass_arg, l, d->pos, d->s, d->mass, n);
   return d->observe ? kvt_seq_observe(d->s, l, d->mass, n) : 0;
