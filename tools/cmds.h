@@ -26,5 +26,7 @@ int cmd_stat(int argc, char **argv);  /* stat.c */
 void stat_usage(FILE *f);
 int cmd_fsck(int argc, char **argv);  /* stat.c */
 void fsck_usage(FILE *f);
+int cmd_calibrate(int argc, char **argv); /* calibrate.c */
+void calibrate_usage(FILE *f);
 
 #endif

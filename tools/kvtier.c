@@ -31,6 +31,8 @@ static const command commands[] = {
      "           replayed through the engine's own eviction (--sweep over cold capacities)"},
     {"eval", cmd_eval, eval_usage,
      "the reference model's loss with a policy, budget or codec against the full cache"},
+    {"calibrate", cmd_calibrate, calibrate_usage,
+     "a per-layer policy profile (scorer and budget share) from attention traces"},
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,
