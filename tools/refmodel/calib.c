@@ -89,37 +89,28 @@ int calib_pyramid(uint32_t n_layers, double budget, double ratio, double *share)
   if (!share || n_layers == 0 || n_layers > CALIB_MAX_LAYERS || !(budget > 0 && budget <= 1) ||
       !(ratio > 0 && ratio <= 1))
     return -1;
-  /* weight of layer l: 1 at the first, ratio at the last */
-
-  for (uint32_t l = 0; l < n_layers; l++) {
-    double w = n_layers > 1 ? 1 + (ratio - 1) * l / (n_layers - 1) : 1;
-    share[l] = w;
-  }
-  /* Scale so the mean is budget; layers that reach 1 stay there and the
-   * rest are scaled again over what is left, until none exceeds 1. */
+  uint8_t capped[CALIB_MAX_LAYERS] = {0};
   double total = budget * n_layers;
+  /* Layers whose share would pass 1 are held at 1, and the rest scaled
+   * again over what is left, until none passes. */
   for (uint32_t round = 0; round <= n_layers; round++) {
     double fixed = 0, free_w = 0;
     for (uint32_t l = 0; l < n_layers; l++) {
-      if (share[l] >= 1) fixed += 1;
-      else free_w += share[l];
+      /* weight of layer l: 1 at the first, ratio at the last */
+      double w = n_layers > 1 ? 1 + (ratio - 1) * l / (n_layers - 1) : 1;
+      share[l] = capped[l] ? 1 : w;
+      if (capped[l]) fixed += 1;
+      else free_w += w;
     }
     if (free_w <= 0) break;
     double k = (total - fixed) / free_w;
-    int capped = 0;
+    int again = 0;
     for (uint32_t l = 0; l < n_layers; l++) {
-      if (share[l] >= 1) continue;
+      if (capped[l]) continue;
       share[l] *= k;
-      if (share[l] >= 1) {
-        share[l] = 1;
-        capped = 1;
-      }
+      if (share[l] > 1) capped[l] = 1, again = 1;
     }
-    if (!capped) break;
-    /* shares of the layers still free are proportional to their weights
-     * again: put the weights back for the next round */
-    for (uint32_t l = 0; l < n_layers; l++)
-      if (share[l] < 1) share[l] = n_layers > 1 ? 1 + (ratio - 1) * l / (n_layers - 1) : 1;
+    if (!again) break;
   }
   return 0;
 }
