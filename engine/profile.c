@@ -1,0 +1,143 @@
+/* profile.c - parsing and checking policy profiles (profile.h) with
+ * jansson. Every refusal says what was wrong and where, since a profile is
+ * written by a tool but often edited by hand. */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/internal.h"
+#include "engine/profile.h"
+
+#define CALL "kvt_profile"
+
+static int get_u32(kvt_engine *e, json_t *obj, const char *key, uint32_t *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX)
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, key, "an integer", "%s",
+                   v ? "another type or out of range" : "missing");
+  *out = (uint32_t)json_integer_value(v);
+  return 0;
+}
+
+static int check_head(kvt_engine *e, json_t *root, const kvt_shape *shape) {
+  json_t *fmt = json_object_get(root, "format"), *shp = json_object_get(root, "shape");
+  if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "kvtier-profile"))
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, "format", "\"kvtier-profile\"", "%s",
+                   json_is_string(fmt) ? json_string_value(fmt) : "missing");
+  uint32_t version = 0;
+  int rc = get_u32(e, root, "version", &version);
+  if (rc) return rc;
+  if (version != KVT_PROFILE_VERSION)
+    return KVT_ERR(e, KVT_EVERSION, CALL, "version", "1", "%u", version);
+  if (!json_is_object(shp)) return KVT_ERR(e, KVT_ECORRUPT, CALL, "shape", "an object", "missing");
+  static const char *const keys[4] = {"n_layers", "n_kv_heads", "head_dim", "block_tokens"};
+  const uint32_t want[4] = {shape->n_layers, shape->n_kv_heads, shape->head_dim,
+                            shape->block_tokens};
+  for (int i = 0; i < 4; i++) {
+    uint32_t v = 0;
+    if ((rc = get_u32(e, shp, keys[i], &v))) return rc;
+    if (v != want[i])
+      return KVT_ERR(e, KVT_ESHAPE, CALL, keys[i], "the namespace's", "%u (namespace: %u)", v,
+                     want[i]);
+  }
+  return 0;
+}
+
+/* One entry of "profiles": a budget and a scorer and share per layer. */
+static int parse_entry(kvt_engine *e, json_t *ent, uint32_t n_layers, double *budget,
+                       kvt_profile_layer *out) {
+  json_t *b = json_object_get(ent, "budget"), *layers = json_object_get(ent, "layers");
+  if (!json_is_number(b)) return KVT_ERR(e, KVT_ECORRUPT, CALL, "budget", "a number", "missing");
+  *budget = json_number_value(b);
+  if (!(*budget > 0 && *budget <= 1))
+    return KVT_ERR(e, KVT_EOPTION, CALL, "budget", "in (0, 1]", "%g", *budget);
+  if (!json_is_array(layers) || json_array_size(layers) != n_layers)
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, "layers", "an array of one entry per layer", "%zu entries",
+                   json_is_array(layers) ? json_array_size(layers) : 0);
+  double sum = 0;
+  for (uint32_t l = 0; l < n_layers; l++) {
+    json_t *lj = json_array_get(layers, l), *sc = json_object_get(lj, "scorer"),
+           *sh = json_object_get(lj, "share");
+    if (!json_is_string(sc) || !json_is_number(sh))
+      return KVT_ERR(e, KVT_ECORRUPT, CALL, "layers[i]", "{\"scorer\": name, \"share\": number}",
+                     "not so at layer %u", l);
+    if (kvt_policy_parse(json_string_value(sc), &out[l].scorer))
+      return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].scorer", "a scorer kvt_policy_parse knows",
+                     "\"%.64s\" at layer %u", json_string_value(sc), l);
+    out[l].share = json_number_value(sh);
+    if (!(out[l].share > 0 && out[l].share <= 1))
+      return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].share", "in (0, 1]", "%g at layer %u",
+                     out[l].share, l);
+    if (out[l].scorer == KVT_SCORER_FULL && out[l].share != 1)
+      return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].share", "1 with scorer full", "%g at layer %u",
+                     out[l].share, l);
+    sum += out[l].share;
+  }
+  if (fabs(sum / n_layers - *budget) > KVT_PROFILE_SHARE_TOL)
+    return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].share", "a mean equal to the budget",
+                   "mean %.6f, budget %g", sum / n_layers, *budget);
+  return 0;
+}
+
+static int parse_root(kvt_engine *e, json_t *root, const kvt_shape *shape, kvt_profile *p) {
+  int rc = check_head(e, root, shape);
+  if (rc) return rc;
+  json_t *arr = json_object_get(root, "profiles");
+  size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
+  if (n == 0 || n > KVT_PROFILE_MAX_BUDGETS)
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, "profiles", "an array of 1 to 16 budgets", "%zu entries", n);
+  p->n_layers = shape->n_layers;
+  if (!(p->layers = calloc(n * shape->n_layers, sizeof *p->layers))) return -ENOMEM;
+  for (size_t i = 0; i < n; i++) {
+    rc = parse_entry(e, json_array_get(arr, i), shape->n_layers, &p->budget[i],
+                     p->layers + i * shape->n_layers);
+    if (rc) return rc;
+    for (size_t j = 0; j < i; j++)
+      if (p->budget[j] == p->budget[i])
+        return KVT_ERR(e, KVT_EOPTION, CALL, "profiles[i].budget", "each budget once", "%g twice",
+                       p->budget[i]);
+    p->n_budgets = (uint32_t)i + 1;
+  }
+  return 0;
+}
+
+int kvt_profile_parse(kvt_engine *e, const kvt_shape *shape, const char *text, size_t len,
+                      kvt_profile **out) {
+  if (!e || !shape || !text || !out) return KVT_ENULL;
+  *out = NULL;
+  if (len > KVT_PROFILE_MAX_BYTES)
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, "len", "at most 16 MiB", "%zu bytes", len);
+  json_error_t jerr;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+  if (!json_is_object(root)) {
+    json_decref(root);
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, "text", "a JSON object (a whole profile)",
+                   "%s at line %d column %d", root ? "not an object" : jerr.text, jerr.line,
+                   jerr.column);
+  }
+  kvt_profile *p = calloc(1, sizeof *p);
+  int rc = p ? parse_root(e, root, shape, p) : -ENOMEM;
+  json_decref(root);
+  if (rc) {
+    kvt_profile_free(p);
+    return rc;
+  }
+  *out = p;
+  return 0;
+}
+
+void kvt_profile_free(kvt_profile *p) {
+  if (!p) return;
+  free(p->layers);
+  free(p);
+}
+
+int kvt_profile_pick(const kvt_profile *p, double budget) {
+  if (!p) return -1;
+  if (budget == 0) return p->n_budgets == 1 ? 0 : -1;
+  for (uint32_t i = 0; i < p->n_budgets; i++)
+    if (fabs(p->budget[i] - budget) < 1e-9) return (int)i;
+  return -1;
+}

@@ -1,0 +1,46 @@
+/* profile.h - per-layer policy profiles (PolyKV-H, DESIGN.md section 4):
+ * the JSON file `kvtier calibrate` writes (docs/policy.md, "Profiles"),
+ * parsed from bytes the caller read (the engine never touches a file) and
+ * checked against a namespace's shape. */
+#ifndef KVT_PROFILE_H
+#define KVT_PROFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+
+#define KVT_PROFILE_VERSION 1u
+#define KVT_PROFILE_MAX_BYTES (16u << 20) /* a profile's text, at most */
+#define KVT_PROFILE_MAX_BUDGETS 16u
+/* The layers' shares must average to the budget within this. */
+#define KVT_PROFILE_SHARE_TOL 1e-4
+
+typedef struct kvt_profile_layer {
+  uint32_t scorer; /* kvt_scorer_id */
+  double share;    /* (0, 1]: its budget, a fraction of its own full cache */
+} kvt_profile_layer;
+
+typedef struct kvt_profile {
+  uint32_t n_layers, n_budgets;
+  double budget[KVT_PROFILE_MAX_BUDGETS]; /* the total budget of each entry */
+  kvt_profile_layer *layers;              /* [n_budgets][n_layers] */
+} kvt_profile;
+
+/* Parse and check a profile for `shape`. On success *out is a new
+ * profile (free with kvt_profile_free). Codes, each with detail recorded
+ * on e (kvt_last_error): KVT_ECORRUPT (not JSON, truncated, not a kvtier
+ * profile, a field missing or of the wrong type); KVT_EVERSION (another
+ * format version); KVT_ESHAPE (made for another shape); KVT_EOPTION (an
+ * unknown scorer, a share outside (0, 1], "full" with a share below 1,
+ * shares that do not average to the budget, a budget twice or outside
+ * (0, 1]); KVT_ENULL; -ENOMEM. */
+int kvt_profile_parse(kvt_engine *e, const kvt_shape *shape, const char *text, size_t len,
+                      kvt_profile **out);
+void kvt_profile_free(kvt_profile *p);
+
+/* The entry for total budget `budget` (within 1e-9), or the only entry
+ * when budget is 0 and there is one: its index, or -1. */
+int kvt_profile_pick(const kvt_profile *p, double budget);
+
+#endif
