@@ -21,7 +21,7 @@
 
 typedef struct eval_cfg {
   const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s;
-  uint64_t sequences, len, seed;
+  uint64_t sequences, len, seed, block_tokens;
   int show, json;
   double budget;
 } eval_cfg;
@@ -53,7 +53,7 @@ typedef struct eval_run {
   kvt_stats st;                       /* the engine's, after the last sequence */
 } eval_run;
 
-#define EVAL_N_OPTS 12
+#define EVAL_N_OPTS 13
 
 static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
   const cli_opt opts[EVAL_N_OPTS] = {
@@ -75,6 +75,8 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "write every step's per-layer block masses (docs/trace-format.md)"},
       {"--show", NULL, CLI_FLAG, &c->show, 0, 0, "print the text of the first sequence"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      {"--block-tokens", "N", CLI_U64, &c->block_tokens, 1, 256,
+       "tokens per block of the engine's cache, a power of two (default 16)"},
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -86,7 +88,7 @@ void eval_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
           "                   [--policy P] [--codec C] [--input FILE] [--dump-trace FILE]\n"
-          "                   [--show] [--json]\n\n"
+          "                   [--block-tokens N] [--show] [--json]\n\n"
           "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
           "Samples N sequences of L tokens from the model with a full cache (temperature\n"
           "1, seeded; a story that ends is followed by a new one), or reads them with\n"
@@ -124,6 +126,9 @@ static int eval_check(eval_run *r) {
   if (c->codec && ref_codec_parse(c->codec, &r->codec))
     return usage_error("unknown --codec (k8v3, k8cv3, k4v2, ..., or one side: k8, v3, ...)",
                        c->codec);
+  if (!c->block_tokens) c->block_tokens = REF_BLOCK_TOKENS;
+  if (c->block_tokens & (c->block_tokens - 1))
+    return usage_error("--block-tokens must be a power of two", NULL);
   if (c->input && (c->sequences || c->len))
     return usage_error("--input gives the sequences: no --sequences or --len with it", NULL);
   return CLI_OK;
@@ -170,7 +175,7 @@ static int eval_open(eval_run *r, const char *dir) {
     o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
   }
   int rc = cli_engine_open(dir, &o, &r->e);
-  if (!rc) rc = rm_ns_register(r->e, &r->m, REF_BLOCK_TOKENS, &r->ns);
+  if (!rc) rc = rm_ns_register(r->e, &r->m, (uint32_t)r->cfg.block_tokens, &r->ns);
   if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
   return rc ? cli_engine_error("eval", "opening the engine", r->e, rc) : CLI_OK;
 }
@@ -304,6 +309,7 @@ static void eval_print(eval_run *r) {
     json_u64(&j, "first_target", EVAL_FIRST_TARGET);
     json_str(&j, "policy", policy);
     json_f64(&j, "budget", r->cfg.budget);
+    json_u64(&j, "block_tokens", r->cfg.block_tokens);
     json_str(&j, "codec", codec);
     json_f64(&j, "nll", m[0]);
     json_f64(&j, "nll_se", se[0]);
@@ -388,7 +394,7 @@ static int eval_main(eval_run *r, const char *dir) {
   if (r->cfg.trace) {
     trace_hdr h = {.n_layers = (uint32_t)r->m.c.n_layers, .n_q_heads = (uint32_t)r->m.c.n_heads,
                    .n_kv_heads = (uint32_t)r->m.c.n_kv_heads, .head_dim = r->m.head_dim,
-                   .block_tokens = REF_BLOCK_TOKENS, .seq_len = (uint32_t)r->m.c.seq_len,
+                   .block_tokens = (uint32_t)r->cfg.block_tokens, .seq_len = (uint32_t)r->m.c.seq_len,
                    .scorer = r->pol.scorer, .hot_share = r->pol.hot_share};
     snprintf(h.model, sizeof h.model, "%s", r->m.name);
     if ((rc = trace_open(r->cfg.trace, &h, &r->tw))) {
