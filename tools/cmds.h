@@ -16,6 +16,8 @@ int bench_cold(int argc, char **argv); /* bench_cold.c: `kvtier bench cold` */
 void bench_cold_usage(FILE *f);       /* its part of bench_usage() */
 int bench_refmodel(int argc, char **argv); /* bench_refmodel.c: `kvtier bench refmodel` */
 void bench_refmodel_usage(FILE *f);   /* its part of bench_usage() */
+int bench_policy(int argc, char **argv); /* bench_policy.c: `kvtier bench policy` */
+void bench_policy_usage(FILE *f);     /* its part of bench_usage() */
 int cmd_warm(int argc, char **argv);  /* warm.c */
 void warm_usage(FILE *f);
 int cmd_eval(int argc, char **argv);  /* eval.c */
