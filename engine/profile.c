@@ -11,6 +11,7 @@
 #include "engine/profile.h"
 
 #define CALL "kvt_profile"
+#define KVT_MAX_LAYERS_PROFILE 4096u /* layers a profile may describe */
 
 static int get_u32(kvt_engine *e, json_t *obj, const char *key, uint32_t *out) {
   json_t *v = json_object_get(obj, key);
@@ -88,6 +89,8 @@ static int parse_root(kvt_engine *e, json_t *root, const kvt_shape *shape, kvt_p
   size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
   if (n == 0 || n > KVT_PROFILE_MAX_BUDGETS)
     return KVT_ERR(e, KVT_ECORRUPT, CALL, "profiles", "an array of 1 to 16 budgets", "%zu entries", n);
+  if (shape->n_layers > KVT_MAX_LAYERS_PROFILE)
+    return KVT_ERR(e, KVT_ESHAPE, CALL, "n_layers", "at most 4096", "%u", shape->n_layers);
   p->n_layers = shape->n_layers;
   if (!(p->layers = calloc(n * shape->n_layers, sizeof *p->layers))) return -ENOMEM;
   for (size_t i = 0; i < n; i++) {
@@ -140,4 +143,74 @@ int kvt_profile_pick(const kvt_profile *p, double budget) {
   for (uint32_t i = 0; i < p->n_budgets; i++)
     if (fabs(p->budget[i] - budget) < 1e-9) return (int)i;
   return -1;
+}
+
+/* Scale src's shares (mean src_budget) to mean budget: layers at "full"
+ * stay at 1 when the rest can pay for them; a layer that would pass 1 is
+ * held there and the others scaled again. */
+static void scale_entry(const kvt_profile_layer *src, uint32_t L, double budget, uint32_t *scorer,
+                        double *share) {
+  uint32_t n_full = 0;
+  double rest = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    scorer[l] = src[l].scorer;
+    if (src[l].scorer == KVT_SCORER_FULL) n_full++;
+    else rest += src[l].share;
+  }
+  int keep_full = n_full < L && budget * L - n_full > 1e-9 && rest > 0;
+  uint8_t fixed[KVT_MAX_LAYERS_PROFILE] = {0};
+  for (uint32_t l = 0; l < L; l++) {
+    share[l] = src[l].share;
+    if (src[l].scorer == KVT_SCORER_FULL && keep_full) fixed[l] = 1;
+    else if (src[l].scorer == KVT_SCORER_FULL) scorer[l] = KVT_SCORER_RECENT;
+  }
+  for (uint32_t round = 0; round <= L; round++) {
+    double fix = 0, free_sum = 0;
+    for (uint32_t l = 0; l < L; l++) {
+      if (fixed[l]) fix += 1;
+      else free_sum += share[l];
+    }
+    if (free_sum <= 0) break;
+    double k = (budget * L - fix) / free_sum;
+    int again = 0;
+    for (uint32_t l = 0; l < L; l++) {
+      if (fixed[l]) continue;
+      share[l] *= k;
+      if (share[l] >= 1) share[l] = 1, fixed[l] = 1, again = 1;
+    }
+    if (!again) break;
+  }
+  for (uint32_t l = 0; l < L; l++)
+    if (fixed[l]) share[l] = 1;
+}
+
+void kvt_profile_shares(const kvt_profile *p, double budget, uint32_t *scorer, double *share) {
+  uint32_t L = p->n_layers;
+  int lo = -1, hi = -1; /* the entries just below and just above budget */
+  for (uint32_t i = 0; i < p->n_budgets; i++) {
+    if (fabs(p->budget[i] - budget) < 1e-9) lo = hi = (int)i;
+    if (lo == hi && lo >= 0) break;
+    if (p->budget[i] < budget && (lo < 0 || p->budget[i] > p->budget[lo])) lo = (int)i;
+    if (p->budget[i] > budget && (hi < 0 || p->budget[i] < p->budget[hi])) hi = (int)i;
+  }
+  if (lo >= 0 && lo == hi) {
+    for (uint32_t l = 0; l < L; l++) {
+      scorer[l] = p->layers[(size_t)lo * L + l].scorer;
+      share[l] = p->layers[(size_t)lo * L + l].share;
+    }
+    return;
+  }
+  if (lo < 0 || hi < 0) { /* outside the profile's budgets: scale the nearest */
+    int near = lo < 0 ? hi : lo;
+    scale_entry(p->layers + (size_t)near * L, L, budget, scorer, share);
+    return;
+  }
+  double t = (budget - p->budget[lo]) / (p->budget[hi] - p->budget[lo]);
+  const kvt_profile_layer *a = p->layers + (size_t)lo * L, *b = p->layers + (size_t)hi * L;
+  for (uint32_t l = 0; l < L; l++) {
+    share[l] = (1 - t) * a[l].share + t * b[l].share;
+    scorer[l] = t < 0.5 ? a[l].scorer : b[l].scorer;
+    if (scorer[l] == KVT_SCORER_FULL && share[l] < 1) scorer[l] = t < 0.5 ? b[l].scorer : a[l].scorer;
+    if (scorer[l] == KVT_SCORER_FULL && share[l] < 1) scorer[l] = KVT_SCORER_RECENT;
+  }
 }

@@ -43,4 +43,14 @@ void kvt_profile_free(kvt_profile *p);
  * when budget is 0 and there is one: its index, or -1. */
 int kvt_profile_pick(const kvt_profile *p, double budget);
 
+/* Per-layer scorers and shares for any total budget in (0, 1]: an
+ * entry's own when the profile has that budget; between two entries, the
+ * shares interpolated linearly (so they average to the budget and stay
+ * <= 1) with the nearer entry's scorers; outside them, the nearest
+ * entry's shares scaled to the budget, a layer that would pass 1 held at
+ * 1 and the others scaled again. A layer at "full" stays at 1 while the
+ * others can pay for it; when they cannot, it scales like them and
+ * becomes "recent". */
+void kvt_profile_shares(const kvt_profile *p, double budget, uint32_t *scorer, double *share);
+
 #endif

@@ -147,6 +147,44 @@ static void test_not_a_profile(void **state) {
   refused(f, buf, strlen(buf), KVT_ECORRUPT, "layers");
 }
 
+static void check_mean(const double *share, double budget) {
+  double sum = 0;
+  for (int l = 0; l < 3; l++) {
+    assert_true(share[l] > 0 && share[l] <= 1 + 1e-12);
+    sum += share[l];
+  }
+  if (fabs(sum / 3 - budget) > 1e-9) fail_msg("mean share %.12f, budget %g", sum / 3, budget);
+}
+
+/* Any budget gets shares averaging to it: the entries' own, interpolated
+ * between them, scaled outside them. */
+static void test_shares_any_budget(void **state) {
+  fx *f = *state;
+  char buf[2048];
+  good(buf, sizeof buf); /* 0.5: .9 .4 .2 (recent h2o sink-recent); 0.25: .5 .125 .125 */
+  kvt_profile *p = NULL;
+  assert_int_equal(kvt_profile_parse(f->e, &shape, buf, strlen(buf), &p), 0);
+  uint32_t sc[3];
+  double sh[3];
+  kvt_profile_shares(p, 0.5, sc, sh);
+  assert_true(fabs(sh[0] - 0.9) < 1e-12 && fabs(sh[2] - 0.2) < 1e-12);
+  assert_int_equal(sc[2], KVT_SCORER_SINK_RECENT);
+  kvt_profile_shares(p, 0.4, sc, sh); /* 60% of the way to 0.5 */
+  check_mean(sh, 0.4);
+  assert_true(fabs(sh[0] - (0.4 * 0.5 + 0.6 * 0.9)) < 1e-12);
+  assert_int_equal(sc[2], KVT_SCORER_SINK_RECENT); /* the nearer entry's */
+  const double outside[] = {0.05, 0.1, 0.6, 0.9, 1.0};
+  for (size_t i = 0; i < sizeof outside / sizeof *outside; i++) {
+    kvt_profile_shares(p, outside[i], sc, sh);
+    check_mean(sh, outside[i]);
+  }
+  kvt_profile_shares(p, 0.1, sc, sh); /* 0.25's shares scaled by 0.4 */
+  assert_true(fabs(sh[0] - 0.2) < 1e-12 && fabs(sh[1] - 0.05) < 1e-12);
+  kvt_profile_shares(p, 0.7, sc, sh); /* 0.9 x 1.4 passes 1: held there */
+  assert_true(sh[0] == 1);
+  kvt_profile_free(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_good, setup, teardown),
@@ -156,6 +194,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_scorer, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shares, setup, teardown),
       cmocka_unit_test_setup_teardown(test_not_a_profile, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_shares_any_budget, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
