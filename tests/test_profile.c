@@ -173,6 +173,9 @@ static void test_shares_any_budget(void **state) {
   check_mean(sh, 0.4);
   assert_true(fabs(sh[0] - (0.4 * 0.5 + 0.6 * 0.9)) < 1e-12);
   assert_int_equal(sc[2], KVT_SCORER_SINK_RECENT); /* the nearer entry's */
+  kvt_profile_shares(p, 0.3, sc, sh);                /* nearer 0.25 */
+  check_mean(sh, 0.3);
+  assert_int_equal(sc[2], KVT_SCORER_H2O);
   const double outside[] = {0.05, 0.1, 0.6, 0.9, 1.0};
   for (size_t i = 0; i < sizeof outside / sizeof *outside; i++) {
     kvt_profile_shares(p, outside[i], sc, sh);
