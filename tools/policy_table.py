@@ -17,7 +17,7 @@ BUDGETS = [0.1, 0.25, 0.5]
 BLOCKS = [16, 1]
 # JSON keys of kvtier eval, in table order; a key eval does not print is "-"
 COLS = [("delta_nll", "delta_nll_se"), ("kl", None), ("top1", None),
-        ("kept_fraction", None), ("kept_tokens_fraction", None), ("missed_mass_32", None)]
+        ("kept_fraction", None), ("kept_tokens_fraction", None), ("missed_mass_next32", None)]
 
 
 def rows_for(a, bt):
