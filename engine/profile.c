@@ -11,7 +11,6 @@
 #include "engine/profile.h"
 
 #define CALL "kvt_profile"
-#define KVT_MAX_LAYERS_PROFILE 4096u /* layers a profile may describe */
 
 static int get_u32(kvt_engine *e, json_t *obj, const char *key, uint32_t *out) {
   json_t *v = json_object_get(obj, key);
@@ -89,8 +88,8 @@ static int parse_root(kvt_engine *e, json_t *root, const kvt_shape *shape, kvt_p
   size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
   if (n == 0 || n > KVT_PROFILE_MAX_BUDGETS)
     return KVT_ERR(e, KVT_ECORRUPT, CALL, "profiles", "an array of 1 to 16 budgets", "%zu entries", n);
-  if (shape->n_layers > KVT_MAX_LAYERS_PROFILE)
-    return KVT_ERR(e, KVT_ESHAPE, CALL, "n_layers", "at most 4096", "%u", shape->n_layers);
+  if (shape->n_layers > KVT_MAX_LAYERS)
+    return KVT_ERR(e, KVT_ESHAPE, CALL, "n_layers", "at most KVT_MAX_LAYERS", "%u", shape->n_layers);
   p->n_layers = shape->n_layers;
   if (!(p->layers = calloc(n * shape->n_layers, sizeof *p->layers))) return -ENOMEM;
   for (size_t i = 0; i < n; i++) {
@@ -158,7 +157,7 @@ static void scale_entry(const kvt_profile_layer *src, uint32_t L, double budget,
     else rest += src[l].share;
   }
   int keep_full = n_full < L && budget * L - n_full > 1e-9 && rest > 0;
-  uint8_t fixed[KVT_MAX_LAYERS_PROFILE] = {0};
+  uint8_t fixed[KVT_MAX_LAYERS] = {0};
   for (uint32_t l = 0; l < L; l++) {
     share[l] = src[l].share;
     if (src[l].scorer == KVT_SCORER_FULL && keep_full) fixed[l] = 1;
