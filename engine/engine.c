@@ -232,6 +232,8 @@ fail:
 }
 
 static void nsrec_free(kvt_engine *e, kvt_nsrec *ns) {
+  kvt_profile_free(ns->profile);
+  kvt_predictor_free(ns->pred);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns->k_codec, 2 * (size_t)ns->desc.shape.n_layers);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns->strs, ns->strs_len);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, ns, sizeof *ns);

@@ -36,6 +36,8 @@ typedef struct kvt_nsrec {
   uint64_t warm_seed;         /* rotation seed of layer l: warm_seed + l * odd */
   uint32_t n_seqs;            /* open sequences */
   uint32_t n_loads;           /* pending load batches */
+  kvt_profile *profile;       /* per-layer policies for "auto" (policy.h), or NULL */
+  kvt_predictor *pred;        /* the "learned" scorer's model, or NULL */
 } kvt_nsrec;
 
 typedef struct kvt_tblk {
@@ -70,7 +72,15 @@ struct kvt_seq {
                                  when not put, or evicted from that layer by the policy */
   int output;                 /* appends are output, not prompt (kvt_seq_output) */
   kvt_bstate *bs;             /* [cap * n_layers]: policy state, indexed as lb */
-  kvt_policy pol;             /* retention policy (policy.c) */
+  uint8_t *ss;                /* [cap * n_layers * ss_stride]: the scorers' private
+                                 state, indexed as lb (NULL when ss_stride is 0) */
+  uint32_t ss_stride;         /* bytes of private state per (block, layer) */
+  kvt_pblk *scratch_pb;       /* [cap] scratch for ranking a layer (policy.c) */
+  double *scratch_score;      /* [cap] */
+  struct cand *scratch_cand;  /* [cap] */
+  kvt_policy pol;             /* retention policy, defaults resolved (policy.c) */
+  kvt_lpol *lp;               /* [n_layers] per-layer scorer and share; NULL: "full" */
+  uint64_t n_tokens;          /* length incl. the caller's tail (kvt_seq_set_tokens) */
 };
 
 struct kvt_load {
@@ -201,9 +211,18 @@ uint32_t kvt_seq_nonresident(const kvt_seq *s, uint32_t layer);
 int kvt_seq_away(const kvt_seq *s, uint32_t block, uint32_t layer); /* one such block? */
 void kvt_load_free_locked(kvt_load *ld);
 
+/* seq.c: reallocate s's arrays for cap blocks and private policy state
+ * of stride bytes per (block, layer) (reset when the stride changes).
+ * Without the lock; a failure leaves s as it was. 0, KVT_ELIMIT, -ENOMEM. */
+int kvt_seq_resize(kvt_seq *s, uint32_t cap, uint32_t stride);
+
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's
  * budget, lowest scored first. With the lock held. */
 void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer);
+/* A put of (s, block, layer) succeeded: retained again, key norm of kv. */
+void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv);
+/* Per-candidate scratch bytes the ranking needs, per block of cap. */
+size_t kvt_policy_scratch_bytes(void);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);

@@ -1,36 +1,57 @@
 /* policy.c - retention policies: which blocks of a (sequence, layer) stay
- * retained (attended). A sequence's policy is a scorer (policy.h, one file
- * each) and a budget; after every put and every observation of a layer,
- * the lowest scored retained blocks beyond the budget leave that layer of
- * that sequence: its reference is dropped, so the tiers may evict the
- * block, and nothing else changes (other sequences keep their own). The
- * per-block state the scorers read is fed by kvt_seq_observe(). */
+ * retained (attended). Per layer a scorer (policy.h, one file each) and a
+ * byte budget, a fraction of the layer's full f16 cache for the
+ * sequence's length, counting what attention reads: retained hot blocks
+ * at f16 size, warm ones at their encoded size, and the tail the caller
+ * holds. After every put, observation and length change of a layer, the
+ * lowest scored blocks that are not protected (sinks, the newest window,
+ * blocks still in their scoring delay) leave until the layer fits: its
+ * reference is dropped, so the tiers may evict the block, and nothing
+ * else changes (other sequences keep their own). */
+#include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/internal.h"
 #include "engine/policy.h"
+#include "tiers/codec.h"
 
-static const kvt_scorer *const scorers[KVT_N_SCORERS] = {
-    NULL, /* full: no scorer, nothing leaves */
+/* One line per scorer; the index is its id. NULL: "full" (keeps
+ * everything) and "auto" (resolved per layer from a profile). */
+static const kvt_scorer *const scorers[] = {
+    NULL, /* full */
     &kvt_scorer_recent,
     &kvt_scorer_sink_recent,
     &kvt_scorer_h2o,
+    &kvt_scorer_snapkv,
+    &kvt_scorer_tova,
+    &kvt_scorer_external,
+    &kvt_scorer_learned,
+    NULL, /* auto */
 };
+#define N_SCORERS (sizeof scorers / sizeof scorers[0])
+
+/* "auto" without a profile: every layer this scorer. */
+#define AUTO_DEFAULT KVT_SCORER_SNAPKV
+
+const kvt_scorer *kvt_scorer_get(uint32_t id) { return id < N_SCORERS ? scorers[id] : NULL; }
 
 void kvt_policy_init(kvt_policy *p) {
   if (!p) return;
-  *p = (kvt_policy){.scorer = KVT_SCORER_FULL, .sink_blocks = 1, .hot_share = 1.0};
+  *p = (kvt_policy){.scorer = KVT_SCORER_FULL, .sink_blocks = KVT_POLICY_DEFAULT, .budget = 1.0,
+                    .window_blocks = KVT_POLICY_DEFAULT, .delay = KVT_POLICY_DEFAULT};
 }
 
 const char *kvt_policy_name(uint32_t scorer) {
   if (scorer == KVT_SCORER_FULL) return "full";
-  return scorer < KVT_N_SCORERS ? scorers[scorer]->name : NULL;
+  if (scorer == KVT_SCORER_AUTO) return "auto";
+  return scorer < N_SCORERS ? scorers[scorer]->name : NULL;
 }
 
 int kvt_policy_parse(const char *name, uint32_t *scorer) {
   if (!name || !scorer) return KVT_ENULL;
-  for (uint32_t i = 0; i < KVT_N_SCORERS; i++)
+  for (uint32_t i = 0; i < N_SCORERS; i++)
     if (strcmp(name, kvt_policy_name(i)) == 0) {
       *scorer = i;
       return 0;
@@ -38,12 +59,83 @@ int kvt_policy_parse(const char *name, uint32_t *scorer) {
   return KVT_EOPTION;
 }
 
-/* Blocks a layer may keep when the sequence has n_blocks. */
-static uint32_t budget_blocks(const kvt_policy *p, uint32_t n_blocks) {
-  double keep = ceil(p->hot_share * (double)n_blocks);
-  if (keep < 1) keep = 1;
-  return keep >= n_blocks ? n_blocks : (uint32_t)keep;
+/* ---- bytes, as the budget counts them ---------------------------------- */
+
+/* K and V of one token of one layer at 2 bytes an element. */
+static uint64_t token_bytes(const kvt_shape *sh) {
+  return 2ull * sh->n_kv_heads * sh->head_dim * 2;
 }
+
+/* What a retained layer block costs against the budget: f16 size when
+ * hot, its encoded size when warm (a side left exact counts at f16). */
+static uint64_t block_bytes(const kvt_nsrec *ns, const kvt_lblk *lb) {
+  const kvt_shape *sh = &ns->desc.shape;
+  if (lb->tier != KVT_TIER_WARM) return token_bytes(sh) * sh->block_tokens;
+  kvt_codec_shape cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
+                        .head_dim = sh->head_dim};
+  uint64_t half = (uint64_t)sh->block_tokens * sh->n_kv_heads * sh->head_dim * 2;
+  uint64_t k = lb->k_codec ? kvt_codec_size(lb->k_codec, &cs) : half;
+  uint64_t v = lb->v_codec ? kvt_codec_size(lb->v_codec, &cs) : half;
+  return k + v;
+}
+
+/* The sequence's length: what the caller said, or its full blocks. */
+static uint64_t seq_tokens(const kvt_seq *s) {
+  uint64_t full = (uint64_t)s->n_blocks * s->ns->desc.shape.block_tokens;
+  return s->n_tokens > full ? s->n_tokens : full;
+}
+
+static int retained_at(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  const kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
+  return lb && lb->tier != KVT_TIER_COLD;
+}
+
+/* "full" has no per-layer policies: everything, budget 1. */
+static const kvt_lpol lpol_full = {.scorer = KVT_SCORER_FULL, .share = 1.0};
+
+static const kvt_lpol *layer_pol(const kvt_seq *s, uint32_t layer) {
+  return s->lp ? &s->lp[layer] : &lpol_full;
+}
+
+/* Fill the byte figures of (s, layer). */
+static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
+  const kvt_shape *sh = &s->ns->desc.shape;
+  uint32_t L = sh->n_layers;
+  uint64_t tb = token_bytes(sh), tokens = seq_tokens(s);
+  uint64_t tail = tokens - (uint64_t)s->n_blocks * sh->block_tokens;
+  const kvt_lpol *lp = layer_pol(s, layer);
+  memset(o, 0, sizeof *o);
+  o->scorer = lp->scorer;
+  o->share = lp->share;
+  o->tokens = tokens;
+  o->full_bytes = tokens * tb;
+  o->budget_bytes = (uint64_t)floor(lp->share * (double)o->full_bytes);
+  o->kept_tokens = tail;
+  o->kept_bytes = tail * tb;
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
+    if (!lb || lb->tier == KVT_TIER_COLD) continue;
+    o->kept_tokens += sh->block_tokens;
+    o->kept_bytes += block_bytes(s->ns, lb);
+  }
+  o->over = o->kept_bytes > o->budget_bytes;
+}
+
+static void ctx_of(const kvt_seq *s, uint32_t layer, kvt_pctx *c) {
+  const kvt_shape *sh = &s->ns->desc.shape;
+  *c = (kvt_pctx){.pol = &s->pol, .lp = layer_pol(s, layer), .model = s->ns->pred,
+                  .layer = layer, .n_layers = sh->n_layers, .n_blocks = s->n_blocks,
+                  .block_tokens = sh->block_tokens, .n_tokens = seq_tokens(s),
+                  .n_kv_heads = sh->n_kv_heads, .head_dim = sh->head_dim};
+}
+
+static void *priv_of(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  if (!s->ss_stride) return NULL;
+  size_t i = (size_t)block * s->ns->desc.shape.n_layers + layer;
+  return s->ss + i * s->ss_stride;
+}
+
+/* ---- eviction ------------------------------------------------------------- */
 
 /* Drop (s, block, layer) from the retained set. With the lock held. */
 static void evict(kvt_seq *s, uint32_t block, uint32_t layer) {
@@ -52,55 +144,203 @@ static void evict(kvt_seq *s, uint32_t block, uint32_t layer) {
   s->lb[i] = NULL;
   memset(&s->bs[i], 0, sizeof s->bs[i]);
   s->bs[i].left = 1;
+  if (s->ss_stride) memset(priv_of(s, block, layer), 0, s->ss_stride);
 }
 
-static int retained_at(const kvt_seq *s, uint32_t block, uint32_t layer) {
-  const kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
-  return lb && lb->tier != KVT_TIER_COLD;
+/* May the policy evict this retained block? */
+static int evictable(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  const kvt_policy *p = &s->pol;
+  if (block < p->sink_blocks) return 0;
+  if ((uint64_t)block + p->window_blocks >= s->n_blocks) return 0;
+  const kvt_bstate *bs = &s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer];
+  return bs->observed >= p->delay;
 }
 
-/* Evict the lowest scored retained block of the layer; ties go to the
- * older block. Blocks are few (a context's worth), so a linear scan per
- * eviction is cheaper than sorting. */
-static void evict_weakest(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
-  uint32_t L = s->ns->desc.shape.n_layers, victim = UINT32_MAX;
-  double worst = INFINITY;
+typedef struct cand {
+  double score;
+  uint32_t block;
+  uint32_t pad;
+} cand;
+
+size_t kvt_policy_scratch_bytes(void) { return sizeof(kvt_pblk) + sizeof(double) + sizeof(cand); }
+
+/* Lowest score first; ties: the older block first. */
+static int cand_cmp(const void *a, const void *b) {
+  const cand *x = a, *y = b;
+  if (x->score != y->score) return x->score < y->score ? -1 : 1;
+  return (x->block > y->block) - (x->block < y->block);
+}
+
+/* Score every retained block of the layer and list the evictable ones,
+ * lowest first. Scratch space comes from the sequence (grown with it). */
+static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
+  uint32_t L = s->ns->desc.shape.n_layers, n = 0;
+  kvt_pblk *pb = s->scratch_pb;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     if (!retained_at(s, b, layer)) continue;
-    kvt_score_in in = {.block = b, .n_blocks = s->n_blocks, .st = &s->bs[(size_t)b * L + layer],
-                       .pol = &s->pol};
-    double v = sc->score(&in);
-    if (v < worst) { /* strict: the first (oldest) of equal scores */
-      worst = v;
-      victim = b;
-    }
+    pb[n++] = (kvt_pblk){.block = b, .bs = &s->bs[(size_t)b * L + layer],
+                         .st = priv_of(s, b, layer)};
   }
-  if (victim != UINT32_MAX) evict(s, victim, layer);
+  kvt_pctx c;
+  ctx_of(s, layer, &c);
+  double *score = s->scratch_score;
+  sc->score(&c, pb, n, score);
+  cand *cd = (cand *)s->scratch_cand;
+  size_t m = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (evictable(s, pb[i].block, layer))
+      cd[m++] = (cand){.score = isnan(score[i]) ? -INFINITY : score[i], .block = pb[i].block};
+  qsort(cd, m, sizeof *cd, cand_cmp);
+  return m;
 }
 
 void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
-  if (s->pol.scorer == KVT_SCORER_FULL) return;
-  const kvt_scorer *sc = scorers[s->pol.scorer];
-  uint32_t keep = budget_blocks(&s->pol, s->n_blocks), n = 0;
-  for (uint32_t b = 0; b < s->n_blocks; b++) n += (uint32_t)retained_at(s, b, layer);
-  for (; n > keep; n--) evict_weakest(s, layer, sc);
+  if (!s->lp) return; /* "full" */
+  const kvt_lpol *lp = layer_pol(s, layer);
+  const kvt_scorer *sc = kvt_scorer_get(lp->scorer);
+  if (!sc || lp->share >= 1) return;
+  kvt_policy_info o;
+  layer_bytes(s, layer, &o);
+  if (o.kept_bytes <= o.budget_bytes) return;
+  size_t m = rank_layer(s, layer, sc);
+  uint32_t L = s->ns->desc.shape.n_layers;
+  for (size_t i = 0; i < m && o.kept_bytes > o.budget_bytes; i++) {
+    uint32_t b = ((cand *)s->scratch_cand)[i].block;
+    o.kept_bytes -= block_bytes(s->ns, s->lb[(size_t)b * L + layer]);
+    evict(s, b, layer);
+  }
+}
+
+static void apply_all(kvt_seq *s) {
+  for (uint32_t l = 0; l < s->ns->desc.shape.n_layers; l++) kvt_policy_apply_locked(s, l);
+}
+
+/* ---- setting a policy ------------------------------------------------------ */
+
+static uint32_t pick(uint32_t v, uint32_t dflt) { return v == KVT_POLICY_DEFAULT ? dflt : v; }
+
+/* Check p and resolve its defaults into *r (per-layer scorers come
+ * later). */
+static int policy_check(kvt_engine *e, const kvt_policy *p, kvt_policy *r) {
+  const char *call = "kvt_seq_set_policy";
+  if (p->scorer >= N_SCORERS)
+    return KVT_ERR(e, KVT_EOPTION, call, "scorer", "an id from kvt_policy_parse()", "%u",
+                   p->scorer);
+  if (!(p->budget > 0 && p->budget <= 1))
+    return KVT_ERR(e, KVT_EOPTION, call, "budget", "in (0, 1]", "%g", p->budget);
+  const kvt_scorer *sc = kvt_scorer_get(p->scorer == KVT_SCORER_AUTO ? AUTO_DEFAULT : p->scorer);
+  *r = *p;
+  r->sink_blocks = pick(p->sink_blocks, sc ? sc->default_sinks : 0);
+  r->window_blocks = pick(p->window_blocks, 0);
+  r->delay = pick(p->delay, sc ? sc->default_delay : 0);
+  if (r->sink_blocks > (1u << 20) || r->window_blocks > (1u << 20) || r->delay > (1u << 20))
+    return KVT_ERR(e, KVT_EOPTION, call, "sink_blocks, window_blocks, delay",
+                   "at most 2^20 or KVT_POLICY_DEFAULT", "%u, %u, %u", r->sink_blocks,
+                   r->window_blocks, r->delay);
+  return 0;
+}
+
+/* The per-layer scorers and shares of r for namespace ns. With the lock
+ * held. */
+static void layers_of(const kvt_nsrec *ns, const kvt_policy *r, kvt_lpol *lp) {
+  uint32_t L = ns->desc.shape.n_layers;
+  if (r->scorer == KVT_SCORER_AUTO && ns->profile) {
+    kvt_profile_layers(ns->profile, r->budget, lp, L);
+    return;
+  }
+  uint32_t id = r->scorer == KVT_SCORER_AUTO ? AUTO_DEFAULT : r->scorer;
+  for (uint32_t l = 0; l < L; l++) lp[l] = (kvt_lpol){.scorer = id, .share = r->budget};
+}
+
+static uint32_t state_stride(const kvt_lpol *lp, uint32_t L) {
+  uint32_t m = 0;
+  for (uint32_t l = 0; l < L; l++) {
+    const kvt_scorer *sc = kvt_scorer_get(lp[l].scorer);
+    if (sc && sc->state_bytes > m) m = sc->state_bytes;
+  }
+  return (m + 7) & ~7u;
+}
+
+static int uses_learned(const kvt_lpol *lp, uint32_t L) {
+  for (uint32_t l = 0; l < L; l++)
+    if (lp[l].scorer == KVT_SCORER_LEARNED) return 1;
+  return 0;
 }
 
 int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p) {
   if (!s || !p) return KVT_ENULL;
   kvt_engine *e = s->e;
-  if (p->scorer >= KVT_N_SCORERS)
-    return KVT_ERR(e, KVT_EOPTION, "kvt_seq_set_policy", "scorer", "a kvt_scorer_id (0..3)", "%u",
-                   p->scorer);
-  if (!(p->hot_share > 0 && p->hot_share <= 1))
-    return KVT_ERR(e, KVT_EOPTION, "kvt_seq_set_policy", "hot_share", "in (0, 1]", "%g",
-                   p->hot_share);
+  kvt_policy r;
+  int rc = policy_check(e, p, &r);
+  if (rc) return rc;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  kvt_lpol *lp = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, L * sizeof *lp);
+  if (!lp) return -ENOMEM;
   pthread_mutex_lock(&e->lock);
-  s->pol = *p;
-  for (uint32_t l = 0; l < s->ns->desc.shape.n_layers; l++) kvt_policy_apply_locked(s, l);
+  layers_of(s->ns, &r, lp);
+  if (uses_learned(lp, L) && !s->ns->pred) {
+    pthread_mutex_unlock(&e->lock);
+    kvt_mem_free(&e->mem, KVT_MEM_SEQ, lp, L * sizeof *lp);
+    return KVT_ERR(e, KVT_EOPTION, "kvt_seq_set_policy", "scorer",
+                   "a predictor loaded for the namespace (kvt_ns_load_predictor) for \"learned\"",
+                   "none loaded");
+  }
+  pthread_mutex_unlock(&e->lock);
+  /* The private state's stride follows the scorers: resize (and reset) it
+   * outside the lock, as seq.c grows a sequence. */
+  uint32_t stride = state_stride(lp, L);
+  if (stride != s->ss_stride && (rc = kvt_seq_resize(s, s->cap, stride))) {
+    kvt_mem_free(&e->mem, KVT_MEM_SEQ, lp, L * sizeof *lp);
+    return rc;
+  }
+  pthread_mutex_lock(&e->lock);
+  kvt_lpol *old = s->lp;
+  s->pol = r;
+  s->lp = r.scorer == KVT_SCORER_FULL ? NULL : lp;
+  apply_all(s);
+  pthread_mutex_unlock(&e->lock);
+  if (old) kvt_mem_free(&e->mem, KVT_MEM_SEQ, old, L * sizeof *old);
+  if (r.scorer == KVT_SCORER_FULL) kvt_mem_free(&e->mem, KVT_MEM_SEQ, lp, L * sizeof *lp);
+  return 0;
+}
+
+int kvt_seq_get_policy(kvt_seq *s, kvt_policy *out) {
+  if (!s || !out) return KVT_ENULL;
+  pthread_mutex_lock(&s->e->lock);
+  *out = s->pol;
+  pthread_mutex_unlock(&s->e->lock);
+  if (out->scorer == KVT_SCORER_FULL) { /* never set: resolve the defaults too */
+    kvt_policy r;
+    if (!policy_check(s->e, out, &r)) *out = r;
+  }
+  return 0;
+}
+
+int kvt_seq_set_tokens(kvt_seq *s, uint64_t n_tokens) {
+  if (!s) return KVT_ENULL;
+  kvt_engine *e = s->e;
+  uint64_t bt = s->ns->desc.shape.block_tokens, lo = (uint64_t)s->n_blocks * bt;
+  if (n_tokens < lo || n_tokens > lo + bt)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_seq_set_tokens", "n_tokens",
+                   "from blocks * block_tokens to one block more", "%llu (%u blocks of %llu)",
+                   (unsigned long long)n_tokens, s->n_blocks, (unsigned long long)bt);
+  pthread_mutex_lock(&e->lock);
+  s->n_tokens = n_tokens;
+  apply_all(s);
   pthread_mutex_unlock(&e->lock);
   return 0;
 }
+
+int kvt_seq_policy_info(kvt_seq *s, uint32_t layer, kvt_policy_info *out) {
+  if (!s || !out) return KVT_ENULL;
+  if (layer >= s->ns->desc.shape.n_layers) return KVT_ENOTFOUND;
+  pthread_mutex_lock(&s->e->lock);
+  layer_bytes(s, layer, out);
+  pthread_mutex_unlock(&s->e->lock);
+  return 0;
+}
+
+/* ---- observation ------------------------------------------------------------- */
 
 int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t n_blocks) {
   if (!s || (n_blocks && !block_mass)) return KVT_ENULL;
@@ -118,18 +358,107 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
     rc = KVT_ERR(e, KVT_ECOUNT, "kvt_seq_observe", "n_blocks", "the number of retained blocks",
                  "%zu (%zu retained)", n_blocks, n);
   } else {
+    const kvt_scorer *sc = s->lp ? kvt_scorer_get(s->lp[layer].scorer) : NULL;
+    kvt_pctx c;
+    ctx_of(s, layer, &c);
     for (uint32_t b = 0, i = 0; b < s->n_blocks; b++) {
       if (!retained_at(s, b, layer)) continue;
       kvt_bstate *st = &s->bs[(size_t)b * L + layer];
-      st->mass_sum += block_mass[i];
-      st->mass_last = block_mass[i++];
+      float m = block_mass[i++];
+      st->mass_sum += m;
+      st->mass_last = m;
+      if (m > st->mass_max) st->mass_max = m;
       st->observed++;
+      if (sc && sc->observe) {
+        kvt_pblk pb = {.block = b, .bs = st, .st = priv_of(s, b, layer)};
+        sc->observe(&c, &pb, m);
+      }
     }
     kvt_policy_apply_locked(s, layer);
   }
   pthread_mutex_unlock(&e->lock);
   return rc;
 }
+
+int kvt_seq_hint(kvt_seq *s, uint32_t layer, const float *score, size_t n_blocks) {
+  if (!s || (n_blocks && !score)) return KVT_ENULL;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  if (layer >= L) return KVT_ENOTFOUND;
+  kvt_engine *e = s->e;
+  if (n_blocks != s->n_blocks)
+    return KVT_ERR(e, KVT_ECOUNT, "kvt_seq_hint", "n_blocks", "the sequence's blocks",
+                   "%zu (%u blocks)", n_blocks, s->n_blocks);
+  for (size_t i = 0; i < n_blocks; i++)
+    if (!isfinite(score[i]))
+      return KVT_ERR(e, KVT_EOPTION, "kvt_seq_hint", "score[i]", "finite", "%g at i = %zu",
+                     score[i], i);
+  pthread_mutex_lock(&e->lock);
+  for (uint32_t b = 0; b < s->n_blocks; b++) s->bs[(size_t)b * L + layer].hint = score[b];
+  pthread_mutex_unlock(&e->lock);
+  return 0;
+}
+
+/* A put of (s, block, layer) just succeeded: the block is retained again
+ * with fresh state (its key norm from k). Without the lock. */
+void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
+  kvt_bstate *bs = &s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer];
+  bs->left = 0;
+  if (!kv->k) return;
+  size_t rows = (size_t)kv->n_tokens * kv->n_heads;
+  double sum = 0;
+  for (size_t r = 0; r < rows; r++) {
+    double sq = 0;
+    for (uint32_t d = 0; d < kv->head_dim; d++) {
+      size_t i = r * kv->head_dim + d;
+      float x = kv->dtype == KVT_F32    ? ((const float *)kv->k)[i]
+                : kv->dtype == KVT_F16  ? kvt_f16_to_f32(((const uint16_t *)kv->k)[i])
+                                        : kvt_bf16_to_f32(((const uint16_t *)kv->k)[i]);
+      sq += (double)x * x;
+    }
+    sum += sqrt(sq);
+  }
+  bs->key_norm = rows ? (float)(sum / (double)rows) : 0;
+}
+
+/* ---- per-namespace profiles and predictors ------------------------------------ */
+
+static int ns_load(kvt_engine *e, kvt_ns_id id, const char *path, int predictor) {
+  if (!e || !path) return KVT_ENULL;
+  kvt_shape sh;
+  int rc = kvt_ns_shape(e, id, &sh);
+  if (rc) return rc;
+  void *obj = NULL;
+  rc = predictor ? kvt_predictor_read(e, path, &sh, (kvt_predictor **)&obj)
+                 : kvt_profile_read(e, path, &sh, (kvt_profile **)&obj);
+  if (rc) return rc;
+  pthread_mutex_lock(&e->lock);
+  kvt_nsrec *ns = kvt_ns_find(e, id);
+  void *old = NULL;
+  if (ns) {
+    if (predictor) {
+      old = ns->pred;
+      ns->pred = obj;
+    } else {
+      old = ns->profile;
+      ns->profile = obj;
+    }
+  }
+  pthread_mutex_unlock(&e->lock);
+  if (!ns) old = obj; /* dropped meanwhile */
+  if (predictor) kvt_predictor_free(old);
+  else kvt_profile_free(old);
+  return ns ? 0 : KVT_ENOTFOUND;
+}
+
+int kvt_ns_load_profile(kvt_engine *e, kvt_ns_id ns, const char *path) {
+  return ns_load(e, ns, path, 0);
+}
+
+int kvt_ns_load_predictor(kvt_engine *e, kvt_ns_id ns, const char *path) {
+  return ns_load(e, ns, path, 1);
+}
+
+/* ---- listing ------------------------------------------------------------------ */
 
 /* The blocks kvt_seq_nonresident() counts, in block order, as cold. */
 static void list_away(const kvt_seq *s, uint32_t layer, kvt_gathered *blocks) {

@@ -4,13 +4,14 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/internal.h"
 #include "engine/profile.h"
 
-#define CALL "kvt_profile"
+#define CALL "kvt_ns_load_profile"
 
 static int get_u32(kvt_engine *e, json_t *obj, const char *key, uint32_t *out) {
   json_t *v = json_object_get(obj, key);
@@ -212,4 +213,35 @@ void kvt_profile_shares(const kvt_profile *p, double budget, uint32_t *scorer, d
     if (scorer[l] == KVT_SCORER_FULL && share[l] < 1) scorer[l] = t < 0.5 ? b[l].scorer : a[l].scorer;
     if (scorer[l] == KVT_SCORER_FULL && share[l] < 1) scorer[l] = KVT_SCORER_RECENT;
   }
+}
+
+/* ---- the engine's side (policy.h): reading a file, layers for a budget ---- */
+
+int kvt_profile_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_profile **out) {
+  if (!e || !path || !sh || !out) return KVT_ENULL;
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    int err = -errno;
+    return KVT_ERR(e, err, "kvt_ns_load_profile", "path", "a readable profile file", "%s: %s",
+                   path, strerror(-err));
+  }
+  char *buf = malloc((size_t)KVT_PROFILE_MAX_BYTES + 1);
+  size_t n = buf ? fread(buf, 1, (size_t)KVT_PROFILE_MAX_BYTES + 1, f) : 0;
+  int rd_err = ferror(f);
+  fclose(f);
+  if (!buf) return -ENOMEM;
+  int rc = rd_err ? KVT_ERR(e, -EIO, "kvt_ns_load_profile", "path", "a readable profile file",
+                            "%s: read error", path)
+                  : kvt_profile_parse(e, sh, buf, n, out);
+  free(buf);
+  return rc;
+}
+
+void kvt_profile_layers(const kvt_profile *p, double budget, kvt_lpol *out, uint32_t n_layers) {
+  uint32_t scorer[KVT_MAX_LAYERS];
+  double share[KVT_MAX_LAYERS];
+  uint32_t L = n_layers < p->n_layers ? n_layers : p->n_layers;
+  kvt_profile_shares(p, budget, scorer, share);
+  for (uint32_t l = 0; l < L; l++) out[l] = (kvt_lpol){.scorer = scorer[l], .share = share[l]};
 }

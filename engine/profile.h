@@ -1,13 +1,15 @@
 /* profile.h - per-layer policy profiles (PolyKV-H, DESIGN.md section 4):
  * the JSON file `kvtier calibrate` writes (docs/policy.md, "Profiles"),
- * parsed from bytes the caller read (the engine never touches a file) and
- * checked against a namespace's shape. */
+ * parsed from bytes and
+ * checked against a namespace's shape. kvt_ns_load_profile() reads the
+ * file (kvt_profile_read) and hands the bytes here. */
 #ifndef KVT_PROFILE_H
 #define KVT_PROFILE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/policy.h"
 #include "kvtier.h"
 
 #define KVT_PROFILE_VERSION 1u
@@ -21,11 +23,13 @@ typedef struct kvt_profile_layer {
   double share;    /* (0, 1]: its budget, a fraction of its own full cache */
 } kvt_profile_layer;
 
-typedef struct kvt_profile {
+/* (policy.h declares kvt_profile, kvt_profile_read, kvt_profile_free and
+ * kvt_profile_layers, the engine's side.) */
+struct kvt_profile {
   uint32_t n_layers, n_budgets;
   double budget[KVT_PROFILE_MAX_BUDGETS]; /* the total budget of each entry */
   kvt_profile_layer *layers;              /* [n_budgets][n_layers] */
-} kvt_profile;
+};
 
 /* Parse and check a profile for `shape`. On success *out is a new
  * profile (free with kvt_profile_free). Codes, each with detail recorded
@@ -37,7 +41,6 @@ typedef struct kvt_profile {
  * (0, 1]); KVT_ENULL; -ENOMEM. */
 int kvt_profile_parse(kvt_engine *e, const kvt_shape *shape, const char *text, size_t len,
                       kvt_profile **out);
-void kvt_profile_free(kvt_profile *p);
 
 /* The entry for total budget `budget` (within 1e-9), or the only entry
  * when budget is 0 and there is one: its index, or -1. */

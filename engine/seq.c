@@ -8,37 +8,77 @@
 
 #include "engine/internal.h"
 
-/* One allocation: tb [cap], lb [cap * L], bs [cap * L] (pointers first,
- * so bs is 8-byte aligned). */
-static size_t seq_arrays_size(uint32_t cap, uint32_t L) {
+/* One allocation: tb [cap], lb [cap * L], bs [cap * L], the policy's
+ * ranking scratch [cap], then the scorers' private state [cap * L *
+ * stride] (pointers and doubles first, so everything stays 8-byte
+ * aligned: stride is a multiple of 8). */
+static size_t seq_arrays_size(uint32_t cap, uint32_t L, uint32_t stride) {
   return (size_t)cap * sizeof(kvt_tblk *) + (size_t)cap * L * sizeof(kvt_lblk *) +
-         (size_t)cap * L * sizeof(kvt_bstate);
+         (size_t)cap * L * sizeof(kvt_bstate) + (size_t)cap * kvt_policy_scratch_bytes() +
+         (size_t)cap * L * stride;
 }
 
-/* Allocate a sequence able to hold cap blocks; not yet linked. */
-static kvt_seq *seq_alloc(kvt_engine *e, kvt_nsrec *ns, uint32_t cap) {
+typedef struct seq_arrays {
+  kvt_tblk **tb;
+  kvt_lblk **lb;
+  kvt_bstate *bs;
+  kvt_pblk *pb;
+  double *score;
+  struct cand *cand;
+  uint8_t *ss;
+} seq_arrays;
+
+static void seq_arrays_carve(void *p, uint32_t cap, uint32_t L, uint32_t stride, seq_arrays *a) {
+  a->tb = p;
+  a->lb = (kvt_lblk **)(a->tb + cap);
+  a->bs = (kvt_bstate *)(a->lb + (size_t)cap * L);
+  a->pb = (kvt_pblk *)(a->bs + (size_t)cap * L);
+  a->score = (double *)(a->pb + cap);
+  a->cand = (struct cand *)(a->score + cap);
+  a->ss = stride ? (uint8_t *)a->cand + (size_t)cap * (kvt_policy_scratch_bytes() -
+                                                      sizeof(kvt_pblk) - sizeof(double))
+                 : NULL;
+}
+
+static void seq_arrays_set(kvt_seq *s, const seq_arrays *a, uint32_t cap, uint32_t stride) {
+  s->tb = a->tb;
+  s->lb = a->lb;
+  s->bs = a->bs;
+  s->scratch_pb = a->pb;
+  s->scratch_score = a->score;
+  s->scratch_cand = a->cand;
+  s->ss = a->ss;
+  s->ss_stride = stride;
+  s->cap = cap;
+}
+
+/* Allocate a sequence able to hold cap blocks with private policy state
+ * of stride bytes; not yet linked. */
+static kvt_seq *seq_alloc(kvt_engine *e, kvt_nsrec *ns, uint32_t cap, uint32_t stride) {
   kvt_seq *s = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, sizeof *s);
   if (!s) return NULL;
   s->e = e;
   s->ns = ns;
+  s->ss_stride = stride;
   kvt_policy_init(&s->pol);
   if (cap) {
     uint32_t L = ns->desc.shape.n_layers;
-    void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L));
+    void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L, stride));
     if (!p) {
       kvt_mem_free(&e->mem, KVT_MEM_SEQ, s, sizeof *s);
       return NULL;
     }
-    s->tb = p;
-    s->lb = (kvt_lblk **)(s->tb + cap);
-    s->bs = (kvt_bstate *)(s->lb + (size_t)cap * L);
-    s->cap = cap;
+    seq_arrays a;
+    seq_arrays_carve(p, cap, L, stride, &a);
+    seq_arrays_set(s, &a, cap, stride);
   }
   return s;
 }
 
 static void seq_dealloc(kvt_engine *e, kvt_seq *s) {
-  if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, s->ns->desc.shape.n_layers));
+  uint32_t L = s->ns->desc.shape.n_layers;
+  if (s->cap) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->tb, seq_arrays_size(s->cap, L, s->ss_stride));
+  if (s->lp) kvt_mem_free(&e->mem, KVT_MEM_SEQ, s->lp, L * sizeof *s->lp);
   kvt_mem_free(&e->mem, KVT_MEM_SEQ, s, sizeof *s);
 }
 
@@ -60,7 +100,7 @@ int kvt_seq_create(kvt_engine *e, kvt_ns_id id, kvt_seq **out) {
   kvt_nsrec *ns = kvt_ns_find(e, id);
   if (!ns) rc = KVT_ENOTFOUND;
   else if (e->st.seqs >= e->opt.max_seqs) rc = KVT_ELIMIT;
-  else if (!(*out = seq_alloc(e, ns, 0))) rc = -ENOMEM;
+  else if (!(*out = seq_alloc(e, ns, 0, 0))) rc = -ENOMEM;
   else seq_link(e, *out);
   pthread_mutex_unlock(&e->lock);
   return rc;
@@ -84,10 +124,12 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
                    "%u (the parent has %u)", n_blocks, parent->n_blocks);
   uint32_t L = parent->ns->desc.shape.n_layers;
   int rc = 0;
+  kvt_lpol *lp = NULL; /* the parent's per-layer policies, copied */
+  if (parent->lp && !(lp = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, L * sizeof *lp))) return -ENOMEM;
   pthread_mutex_lock(&e->lock);
   kvt_seq *s = NULL;
   if (e->st.seqs >= e->opt.max_seqs) rc = KVT_ELIMIT;
-  else if (!(s = seq_alloc(e, parent->ns, n_blocks))) rc = -ENOMEM;
+  else if (!(s = seq_alloc(e, parent->ns, n_blocks, parent->ss_stride))) rc = -ENOMEM;
   if (!rc) {
     /* Share, not copy: the child references the parent's blocks. */
     for (uint32_t b = 0; b < n_blocks; b++) {
@@ -100,13 +142,20 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
         if (lb) kvt_lblk_ref(e, lb);
       }
     }
+    if (s->ss_stride)
+      memcpy(s->ss, parent->ss, (size_t)n_blocks * L * s->ss_stride);
     s->n_blocks = n_blocks;
     s->pol = parent->pol;
     s->output = parent->output;
+    s->n_tokens = n_blocks == parent->n_blocks ? parent->n_tokens : 0;
+    if (lp) memcpy(lp, parent->lp, L * sizeof *lp);
+    s->lp = lp;
+    lp = NULL;
     seq_link(e, s);
     *out = s;
   }
   pthread_mutex_unlock(&e->lock);
+  if (lp) kvt_mem_free(&e->mem, KVT_MEM_SEQ, lp, L * sizeof *lp);
   return rc;
 }
 
@@ -140,6 +189,33 @@ uint32_t kvt_seq_blocks(const kvt_seq *s) { return s ? s->n_blocks : 0; }
 
 /* ---------- append ---------- */
 
+int kvt_seq_resize(kvt_seq *s, uint32_t cap, uint32_t stride) {
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  if (!cap) { /* nothing appended yet: the stride is all there is */
+    s->ss_stride = stride;
+    return 0;
+  }
+  void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L, stride));
+  if (!p) return -ENOMEM;
+  seq_arrays a;
+  seq_arrays_carve(p, cap, L, stride, &a);
+  void *old = s->cap ? s->tb : NULL;
+  size_t old_size = seq_arrays_size(s->cap, L, s->ss_stride);
+  pthread_mutex_lock(&e->lock); /* kvt_sync() reads every sequence's tb under it */
+  if (s->n_blocks) {
+    memcpy(a.tb, s->tb, s->n_blocks * sizeof *a.tb);
+    memcpy(a.lb, s->lb, (size_t)s->n_blocks * L * sizeof *a.lb);
+    memcpy(a.bs, s->bs, (size_t)s->n_blocks * L * sizeof *a.bs);
+    if (stride && stride == s->ss_stride) /* another stride: another scorer, fresh state */
+      memcpy(a.ss, s->ss, (size_t)s->n_blocks * L * stride);
+  }
+  seq_arrays_set(s, &a, cap, stride);
+  pthread_mutex_unlock(&e->lock);
+  if (old) kvt_mem_free(&e->mem, KVT_MEM_SEQ, old, old_size);
+  return 0;
+}
+
 /* Grow s to hold one more block. Allocates before taking anything over,
  * so a failure leaves s as it was. Called without the lock: the arrays
  * are the sequence's own (only the swap takes it, for kvt_sync's scan);
@@ -148,29 +224,9 @@ static int seq_reserve(kvt_seq *s) {
   if (s->n_blocks < s->cap) return 0;
   kvt_engine *e = s->e;
   if (s->cap >= e->opt.max_seq_blocks) return KVT_ELIMIT;
-  uint32_t L = s->ns->desc.shape.n_layers;
   uint32_t cap = s->cap ? s->cap * 2 : 16;
   if (cap > e->opt.max_seq_blocks) cap = e->opt.max_seq_blocks;
-  void *p = kvt_mem_calloc(&e->mem, KVT_MEM_SEQ, seq_arrays_size(cap, L));
-  if (!p) return -ENOMEM;
-  kvt_tblk **tb = p;
-  kvt_lblk **lb = (kvt_lblk **)(tb + cap);
-  kvt_bstate *bs = (kvt_bstate *)(lb + (size_t)cap * L);
-  if (s->n_blocks) {
-    memcpy(tb, s->tb, s->n_blocks * sizeof *tb);
-    memcpy(lb, s->lb, (size_t)s->n_blocks * L * sizeof *lb);
-    memcpy(bs, s->bs, (size_t)s->n_blocks * L * sizeof *bs);
-  }
-  void *old = s->cap ? s->tb : NULL;
-  size_t old_size = seq_arrays_size(s->cap, L);
-  pthread_mutex_lock(&e->lock); /* kvt_sync() reads every sequence's tb under it */
-  s->tb = tb;
-  s->lb = lb;
-  s->bs = bs;
-  s->cap = cap;
-  pthread_mutex_unlock(&e->lock);
-  if (old) kvt_mem_free(&e->mem, KVT_MEM_SEQ, old, old_size);
-  return 0;
+  return kvt_seq_resize(s, cap, s->ss_stride);
 }
 
 /* Find or create the token block for key; with the lock held. *spare is a
@@ -446,8 +502,8 @@ static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv)
 int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   if (!s) return KVT_ENULL;
   int rc = seq_put(s, block, layer, kv);
-  if (!rc) s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer].left = 0; /* retained again */
-  if (rc || s->pol.scorer == KVT_SCORER_FULL) return rc;
+  if (!rc) kvt_policy_on_put(s, block, layer, kv); /* retained again */
+  if (rc || !s->lp) return rc;
   pthread_mutex_lock(&s->e->lock);
   kvt_policy_apply_locked(s, layer);
   pthread_mutex_unlock(&s->e->lock);

@@ -775,42 +775,65 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
 /** @} */
 
 /** @defgroup policy Retention policy and observation
- * The start of the policy layer (DESIGN.md section 4; docs/policy.md).
- * A sequence has a policy: a scorer and a budget, the share of its blocks
- * that each layer keeps retained (attended). After every put of a layer
- * and every kvt_seq_observe() of it, the policy scores the retained blocks
- * of that layer and, when more are retained than the budget allows, the
- * lowest scored leave: the sequence drops its reference to that layer
- * block (so the tiers may evict it; a cold copy, when there is one, stays)
- * and attention, gathers and kvt_seq_retained() no longer see it. Other
- * sequences that reference the same block keep it. Eviction is per
- * (sequence, layer): each layer keeps its own set. There is no promotion
- * back yet. The default policy, KVT_SCORER_FULL, retains everything.
+ * The policy layer (DESIGN.md section 4; docs/policy.md). A sequence has a
+ * policy: per layer a scorer and a byte budget. The budget is a fraction
+ * of the layer's full f16 cache for the sequence's length (K and V of
+ * every token at 2 bytes an element), and it counts everything attention
+ * reads: retained hot blocks at f16 size, retained warm blocks at their
+ * encoded size, and the tail the caller holds (kvt_seq_set_tokens()).
+ * After every put of a layer, every kvt_seq_observe() of it, every
+ * kvt_seq_set_tokens() and at kvt_seq_set_policy(), while a layer keeps
+ * more bytes than its budget, its lowest scored block leaves: the
+ * sequence drops its reference to that layer block (so the tiers may
+ * evict it; a cold copy, when there is one, stays) and attention, gathers
+ * and kvt_seq_retained() no longer see it. Other sequences that reference
+ * the same block keep it. Never evicted: the first sink_blocks blocks,
+ * the newest window_blocks blocks, and blocks observed fewer than delay
+ * times (delayed scoring); when those and the tail alone exceed the
+ * budget, the layer is over budget (kvt_seq_policy_info()). There is no
+ * promotion back yet. The default policy, "full", retains everything.
  * @{ */
 
-/** Scorers: what decides which blocks a layer keeps. */
+/** Scorers: what decides which blocks a layer keeps. These ids are
+ * stable; scorers are chosen by name (kvt_policy_parse()), and a scorer
+ * added later gets an id from there, not a new constant here. */
 typedef enum kvt_scorer_id {
   KVT_SCORER_FULL = 0,        /**< "full": keep every block (no budget) */
   KVT_SCORER_RECENT = 1,      /**< "recent": the most recent blocks */
   KVT_SCORER_SINK_RECENT = 2, /**< "sink-recent": the first sink_blocks (attention
-                                   sinks, StreamingLLM), then the most recent */
-  KVT_SCORER_H2O = 3,         /**< "h2o": the most accumulated observed mass (H2O);
-                                   the newest block and blocks never observed are kept */
+                                   sinks, StreamingLLM; 1 by default), then the most recent */
+  KVT_SCORER_H2O = 3,         /**< "h2o": the most accumulated observed mass (H2O) */
+  KVT_SCORER_SNAPKV = 4,      /**< "snapkv": mean mass over the last observations,
+                                   pooled over neighbouring blocks (SnapKV) */
+  KVT_SCORER_TOVA = 5,        /**< "tova": the mass at the last observation (TOVA) */
+  KVT_SCORER_EXTERNAL = 6,    /**< "external": the caller's scores (kvt_seq_hint()) */
+  KVT_SCORER_LEARNED = 7,     /**< "learned": the namespace's predictor of future
+                                   attention (kvt_ns_load_predictor(); KVpop) */
+  KVT_SCORER_AUTO = 8,        /**< "auto": per layer as the namespace's profile says
+                                   (kvt_ns_load_profile()); without one, "snapkv" */
 } kvt_scorer_id;
-#define KVT_N_SCORERS 4
+
+/** kvt_policy fields left at this value take the scorer's default. */
+#define KVT_POLICY_DEFAULT UINT32_MAX
 
 /** A sequence's retention policy. Fill with kvt_policy_init() first. */
 typedef struct kvt_policy {
-  uint32_t scorer;       /**< a kvt_scorer_id */
-  uint32_t sink_blocks;  /**< sink-recent: leading blocks always kept (1) */
-  double hot_share;      /**< (0, 1]: each layer keeps ceil(hot_share * blocks in the
-                              sequence) blocks, at least one (1.0) */
+  uint32_t scorer;        /**< an id from kvt_policy_parse() (kvt_scorer_id) */
+  uint32_t sink_blocks;   /**< leading blocks never evicted (default: 1 for
+                               sink-recent, 0 for the others) */
+  double budget;          /**< (0, 1]: bytes each layer keeps, as a fraction of its full
+                               f16 cache, tail included (1). With a profile ("auto"),
+                               the total: layers get shares of it. */
+  uint32_t window_blocks; /**< newest blocks never evicted (default 0) */
+  uint32_t delay;         /**< a block is scored only once observed this many times;
+                               before, it is kept (default: the scorer's, 0 for most) */
 } kvt_policy;
 
-/** Defaults: KVT_SCORER_FULL, one sink block, hot_share 1. */
+/** Defaults: "full", budget 1, the rest KVT_POLICY_DEFAULT. */
 void kvt_policy_init(kvt_policy *p);
 
-/** The scorer named name ("full", "recent", "sink-recent", "h2o").
+/** The scorer named name ("full", "recent", "sink-recent", "h2o",
+ * "snapkv", "tova", "external", "learned", "auto").
  * @return 0; KVT_ENULL; KVT_EOPTION (unknown name). */
 int kvt_policy_parse(const char *name, uint32_t *scorer);
 
@@ -818,10 +841,68 @@ int kvt_policy_parse(const char *name, uint32_t *scorer);
 const char *kvt_policy_name(uint32_t scorer);
 
 /** Set the policy of s and apply it at once to every layer (blocks over
- * the budget leave; none come back). A fork inherits its parent's policy.
- * @return 0; KVT_ENULL; KVT_EOPTION (unknown scorer, hot_share outside
- *   (0, 1] or not finite). */
+ * the budget leave; none come back). A fork inherits its parent's policy
+ * and per-block state. "auto" reads the namespace's profile now (a profile
+ * loaded later applies to later kvt_seq_set_policy() calls).
+ * @return 0; KVT_ENULL; KVT_EOPTION (unknown scorer, budget outside
+ *   (0, 1] or not finite, a field out of range; "learned" without a
+ *   predictor loaded for the namespace); -ENOMEM. */
 int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p);
+
+/** The policy of s with every default resolved (what kvt_policy_init()
+ * left at KVT_POLICY_DEFAULT, as the scorer chose it).
+ * @return 0; KVT_ENULL. */
+int kvt_seq_get_policy(kvt_seq *s, kvt_policy *out);
+
+/** Tell s its length in tokens, counting the tail the caller holds and
+ * attends itself (the block being filled): budgets count the tail and
+ * are fractions of this length's full cache. n_tokens is from
+ * blocks * block_tokens to (blocks + 1) * block_tokens (a full tail not
+ * yet appended). Without a call, or when appends pass it, the length is
+ * the full blocks' tokens. Applies the policy to every layer.
+ * @return 0; KVT_ENULL; KVT_ECOUNT (n_tokens out of that range). */
+int kvt_seq_set_tokens(kvt_seq *s, uint64_t n_tokens);
+
+/** Scores for the "external" scorer: score[b] for block b of the
+ * sequence, b < n_blocks (the sequence's blocks; blocks not retained are
+ * ignored). Kept until the next call; blocks appended later score 0.
+ * Does not apply the policy (the next observe or put does).
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (layer); KVT_ECOUNT (n_blocks is not
+ *   the sequence's blocks); KVT_EOPTION (a score not finite). */
+int kvt_seq_hint(kvt_seq *s, uint32_t layer, const float *score, size_t n_blocks);
+
+/** What a layer of a sequence keeps against its budget, in bytes counted
+ * as the budget counts them. */
+typedef struct kvt_policy_info {
+  uint32_t scorer;        /**< the layer's scorer (a profile may choose it) */
+  uint32_t over;          /**< 1: protected blocks and the tail alone exceed the budget */
+  double share;           /**< the layer's budget, a fraction of its full cache */
+  uint64_t tokens;        /**< the sequence's length (kvt_seq_set_tokens()) */
+  uint64_t kept_tokens;   /**< tokens attention reads: retained blocks and the tail */
+  uint64_t full_bytes;    /**< the layer's full f16 cache for tokens */
+  uint64_t budget_bytes;  /**< share * full_bytes */
+  uint64_t kept_bytes;    /**< retained hot blocks at f16 size, warm at their
+                               encoded size, and the tail at f16 size */
+} kvt_policy_info;
+
+/** Fill *out for (s, layer). @return 0; KVT_ENULL; KVT_ENOTFOUND (layer). */
+int kvt_seq_policy_info(kvt_seq *s, uint32_t layer, kvt_policy_info *out);
+
+/** Load a profile (docs/policy.md: per layer, the scorer and its share
+ * of the budget; written by `kvtier calibrate`) for namespace ns; it
+ * replaces any earlier one and is used by sequences whose policy is
+ * "auto". The file is read now and not kept open.
+ * @return 0; KVT_ENULL; KVT_ENOTFOUND (ns); KVT_EVERSION (another
+ *   version); KVT_ESHAPE (made for another shape); KVT_ECORRUPT
+ *   (truncated or malformed; kvt_last_error() says where); -errno (the
+ *   file cannot be read). */
+int kvt_ns_load_profile(kvt_engine *e, kvt_ns_id ns, const char *path);
+
+/** Load a predictor of future attention (docs/policy.md; written by
+ * `kvtier train`) for namespace ns, used by the "learned" scorer of its
+ * sequences. Replaces any earlier one for sequences that set their
+ * policy later. Same return codes as kvt_ns_load_profile(). */
+int kvt_ns_load_predictor(kvt_engine *e, kvt_ns_id ns, const char *path);
 
 /** Report the attention mass each retained block of (s, layer) received
  * at one decoding step: block_mass[i] is for the i-th retained block in

@@ -1,5 +1,5 @@
-/* test_policy.c - the start of the policy layer: kvt_seq_observe() feeds
- * per-block state, a budget keeps ceil(share * blocks) per layer with the
+/* test_policy.c - the policy layer's basics: kvt_seq_observe() feeds
+ * per-block state, a byte budget keeps what fits per layer with the
  * scorer's choice, evicted blocks leave attention and gathers of that
  * sequence only, forks inherit the policy, bad arguments are refused. */
 #include "testutil.h"
@@ -55,9 +55,12 @@ static void test_parse_and_defaults(void **state) {
   kvt_policy p;
   kvt_policy_init(&p);
   assert_int_equal(p.scorer, KVT_SCORER_FULL);
-  assert_true(p.hot_share == 1.0);
-  const char *names[] = {"full", "recent", "sink-recent", "h2o"};
-  for (uint32_t i = 0; i < KVT_N_SCORERS; i++) {
+  assert_true(p.budget == 1.0);
+  assert_int_equal(p.sink_blocks, KVT_POLICY_DEFAULT);
+  const char *names[] = {"full", "recent", "sink-recent", "h2o", "snapkv",
+                         "tova", "external", "learned", "auto"};
+  const uint32_t n_names = sizeof names / sizeof names[0];
+  for (uint32_t i = 0; i < n_names; i++) {
     uint32_t id = 99;
     assert_int_equal(kvt_policy_parse(names[i], &id), 0);
     assert_int_equal(id, i);
@@ -66,7 +69,7 @@ static void test_parse_and_defaults(void **state) {
   uint32_t id;
   assert_int_equal(kvt_policy_parse("lru", &id), KVT_EOPTION);
   assert_int_equal(kvt_policy_parse(NULL, &id), KVT_ENULL);
-  assert_null(kvt_policy_name(KVT_N_SCORERS));
+  assert_null(kvt_policy_name(n_names));
 }
 
 static void test_bad_arguments(void **state) {
@@ -76,14 +79,20 @@ static void test_bad_arguments(void **state) {
   kvt_seq *s = seq_of(&f, 3, NULL);
   kvt_policy p;
   kvt_policy_init(&p);
-  p.hot_share = 0;
+  p.budget = 0;
   assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
-  p.hot_share = NAN;
+  p.budget = NAN;
   assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
-  p.hot_share = 1.5;
+  p.budget = 1.5;
   assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
-  p.hot_share = 0.5;
-  p.scorer = KVT_N_SCORERS;
+  p.budget = 0.5;
+  p.scorer = 99;
+  assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
+  p.scorer = KVT_SCORER_RECENT;
+  p.window_blocks = (1u << 20) + 1;
+  assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
+  p.window_blocks = KVT_POLICY_DEFAULT;
+  p.scorer = KVT_SCORER_LEARNED; /* no predictor loaded */
   assert_int_equal(kvt_seq_set_policy(s, &p), KVT_EOPTION);
   assert_int_equal(retained(s, 0, NULL), 3); /* nothing changed */
   float mass[3] = {1, 2, 3};
@@ -129,7 +138,7 @@ static void test_observe_accumulates(void **state) {
   fx_close(&f);
 }
 
-/* recent and sink-recent keep ceil(share * blocks) per layer, the ones
+/* recent and sink-recent keep what fits share * the full cache's bytes per layer, the ones
  * their scorer names; what leaves is gone from attend and gather of this
  * sequence, not from another sequence sharing it. */
 static void test_budget_recent_and_sink(void **state) {
@@ -140,7 +149,7 @@ static void test_budget_recent_and_sink(void **state) {
   kvt_policy p;
   kvt_policy_init(&p);
   p.scorer = KVT_SCORER_RECENT;
-  p.hot_share = 0.3;
+  p.budget = 0.3;
   kvt_seq *r = seq_of(&f, 10, &p);
   uint32_t idx[64];
   for (uint32_t l = 0; l < f.sh.n_layers; l++) {
@@ -150,7 +159,7 @@ static void test_budget_recent_and_sink(void **state) {
   }
   p.scorer = KVT_SCORER_SINK_RECENT;
   p.sink_blocks = 2;
-  p.hot_share = 0.6; /* at 2 blocks, ceil(0.6 * 2) keeps both sinks */
+  p.budget = 0.6; /* sinks are never evicted, even at 2 blocks (1.2 fit) */
   kvt_seq *sk = seq_of(&f, 10, &p);
   assert_int_equal(retained(sk, 1, idx), 6);
   assert_int_equal(idx[0], 0);
@@ -170,16 +179,16 @@ static void test_budget_recent_and_sink(void **state) {
   tu_assert_gather(full, &f.sh, f.salt, f.tok, 10);
   /* set_policy applies at once; a fork inherits it */
   p.scorer = KVT_SCORER_RECENT;
-  p.hot_share = 0.1;
+  p.sink_blocks = KVT_POLICY_DEFAULT; /* none for recent */
+  p.budget = 0.1;
   assert_int_equal(kvt_seq_set_policy(full, &p), 0);
   assert_int_equal(retained(full, 0, idx), 1);
   assert_int_equal(idx[0], 9);
   kvt_seq *c;
   assert_int_equal(kvt_seq_fork(full, UINT32_MAX, &c), 0);
   tu_append_put(c, &f.sh, f.salt, f.tok + 40, &f.kv);
-  assert_int_equal(retained(c, 0, idx), 2); /* ceil(0.1 * 11) */
-  assert_int_equal(idx[0], 9);
-  assert_int_equal(idx[1], 10);
+  assert_int_equal(retained(c, 0, idx), 1); /* 0.1 * 11 blocks: the newest, protected */
+  assert_int_equal(idx[0], 10);
   kvt_seq_release(c);
   kvt_seq_release(full);
   kvt_seq_release(r);
@@ -201,13 +210,24 @@ static void test_h2o_keeps_heavy_hitters(void **state) {
   kvt_policy p;
   kvt_policy_init(&p);
   p.scorer = KVT_SCORER_H2O;
-  p.hot_share = 0.5;
+  p.budget = 0.5;
+  p.window_blocks = 1; /* the newest is protected */
   assert_int_equal(kvt_seq_set_policy(s, &p), 0);
   uint32_t idx[8];
   assert_int_equal(retained(s, 0, idx), 3);
   assert_int_equal(idx[0], 1);
   assert_int_equal(idx[1], 3);
-  assert_int_equal(idx[2], 5); /* the newest is protected */
+  assert_int_equal(idx[2], 5);
+  /* without the window (the default) the lighter newest block goes */
+  p.window_blocks = KVT_POLICY_DEFAULT;
+  kvt_seq *s2 = seq_of(&f, 6, NULL);
+  for (uint32_t l = 0; l < f.sh.n_layers; l++) assert_int_equal(kvt_seq_observe(s2, l, m, 6), 0);
+  assert_int_equal(kvt_seq_set_policy(s2, &p), 0);
+  assert_int_equal(retained(s2, 0, idx), 3);
+  assert_int_equal(idx[0], 1);
+  assert_int_equal(idx[1], 2);
+  assert_int_equal(idx[2], 3);
+  kvt_seq_release(s2);
   kvt_seq_release(s);
   fx_close(&f);
 }

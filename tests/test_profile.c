@@ -3,6 +3,7 @@
  * one, another version, another shape, an unknown scorer, shares that do
  * not average to the budget or a share outside (0, 1] are each refused
  * with their own code and a detail that names the field. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +189,47 @@ static void test_shares_any_budget(void **state) {
   kvt_profile_free(p);
 }
 
+/* Through the public API: kvt_ns_load_profile() reads the file, refuses a
+ * bad one without replacing the loaded one, and an "auto" sequence's
+ * layers take the profile's scorers and shares. */
+static void test_load_and_auto(void **state) {
+  fx *f = *state;
+  kvt_ns_id ns = tu_register(f->e, "profile-test", &shape);
+  char path[2200], buf[2048];
+  snprintf(path, sizeof path, "%s/p.json", f->dir);
+  good(buf, sizeof buf);
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  fputs(buf, fp);
+  fclose(fp);
+  assert_int_equal(kvt_ns_load_profile(f->e, ns, path), 0);
+  char bad[2200];
+  snprintf(bad, sizeof bad, "%s/bad.json", f->dir);
+  fp = fopen(bad, "w");
+  assert_non_null(fp);
+  fwrite(buf, 1, strlen(buf) / 2, fp); /* truncated */
+  fclose(fp);
+  assert_int_equal(kvt_ns_load_profile(f->e, ns, bad), KVT_ECORRUPT);
+  snprintf(bad, sizeof bad, "%s/missing.json", f->dir);
+  assert_true(kvt_ns_load_profile(f->e, ns, bad) == -ENOENT);
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(f->e, ns, &s), 0);
+  kvt_policy p;
+  kvt_policy_init(&p);
+  assert_int_equal(kvt_policy_parse("auto", &p.scorer), 0);
+  p.budget = 0.5;
+  assert_int_equal(kvt_seq_set_policy(s, &p), 0);
+  const uint32_t want_sc[3] = {KVT_SCORER_RECENT, KVT_SCORER_H2O, KVT_SCORER_SINK_RECENT};
+  const double want_sh[3] = {0.9, 0.4, 0.2};
+  for (uint32_t l = 0; l < 3; l++) {
+    kvt_policy_info pi;
+    assert_int_equal(kvt_seq_policy_info(s, l, &pi), 0);
+    assert_int_equal(pi.scorer, want_sc[l]);
+    assert_true(fabs(pi.share - want_sh[l]) < 1e-9);
+  }
+  kvt_seq_release(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_good, setup, teardown),
@@ -198,6 +240,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_shares, setup, teardown),
       cmocka_unit_test_setup_teardown(test_not_a_profile, setup, teardown),
       cmocka_unit_test_setup_teardown(test_shares_any_budget, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_load_and_auto, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

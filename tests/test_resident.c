@@ -194,7 +194,7 @@ static void test_policy_left_is_no_error(void **state) {
   kvt_policy p;
   kvt_policy_init(&p);
   p.scorer = KVT_SCORER_RECENT;
-  p.hot_share = 0.5;
+  p.budget = 0.5;
   assert_int_equal(kvt_seq_set_policy(s, &p), 0);
   build(s, &sh, salt, toks, BLOCKS);
   assert_int_equal(kvt_sync(e), 0);

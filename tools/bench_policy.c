@@ -17,6 +17,7 @@
 
 #define BP_ROUNDS_MAX 99u
 #define BP_STEPS 64u /* decoding steps timed per round */
+#define BP_SCORERS_MAX 32u
 
 typedef struct bp_cfg {
   const char *model, *dir, *budget_s;
@@ -205,7 +206,7 @@ static int bp_scorer_round(bp_run *r, bp_scorer *sc, uint32_t round) {
   kvt_policy_init(&p);
   kvt_policy_init(&full);
   p.scorer = sc->id;
-  p.hot_share = r->budget;
+  p.budget = r->budget;
   kvt_seq *s = NULL;
   int rc = kvt_seq_create(r->e, r->ns, &s);
   if (!rc) rc = kvt_seq_set_policy(s, &p);
@@ -349,10 +350,13 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
 static int bp_main(bp_run *r, const char *dir) {
   int rc = bp_setup(r, dir);
   if (rc != CLI_OK) return rc;
-  bp_scorer sc[KVT_N_SCORERS];
+  bp_scorer sc[BP_SCORERS_MAX];
   uint32_t n_sc = 0, R = (uint32_t)r->cfg.rounds;
-  for (uint32_t id = 0; id < KVT_N_SCORERS; id++)
-    if (id != KVT_SCORER_FULL && kvt_policy_name(id)) sc[n_sc++] = (bp_scorer){.id = id};
+  /* "external" ranks by the caller's hints and "auto" is a profile's
+   * scorers: neither is a scorer of its own to time */
+  for (uint32_t id = 0; kvt_policy_name(id) && n_sc < BP_SCORERS_MAX; id++)
+    if (id != KVT_SCORER_FULL && id != KVT_SCORER_EXTERNAL && id != KVT_SCORER_AUTO)
+      sc[n_sc++] = (bp_scorer){.id = id};
   double attn[BP_ROUNDS_MAX], plain[BP_ROUNDS_MAX];
   for (uint32_t round = 0; round < R && rc == CLI_OK; round++) {
     progress("bench policy: round %u of %u", round + 1, R);

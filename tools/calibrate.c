@@ -153,19 +153,27 @@ static int parse_budgets(cal_run *r) {
   return r->n_budgets ? CLI_OK : usage_error("--budget is empty", NULL);
 }
 
-/* The scorers to choose from: the list, or every named one but "full". */
+/* Scorers that rank from observations alone: not "full" (no budget),
+ * "external" (the caller's scores), "learned" (a predictor and real key
+ * norms, which a replay with zero payloads has not) or "auto" (a profile). */
+static int scorer_measurable(uint32_t id) {
+  return id != KVT_SCORER_FULL && id != KVT_SCORER_EXTERNAL && id != KVT_SCORER_LEARNED &&
+         id != KVT_SCORER_AUTO && kvt_policy_name(id);
+}
+
+/* The scorers to choose from: the list, or every measurable one. */
 static int parse_scorers(cal_run *r) {
   if (!r->cfg.scorers_s) {
-    for (uint32_t i = 0; i < KVT_N_SCORERS && r->n_scorers < CALIB_MAX_SCORERS; i++)
-      if (i != KVT_SCORER_FULL && kvt_policy_name(i)) r->scorers[r->n_scorers++] = i;
+    for (uint32_t i = 0; kvt_policy_name(i) && r->n_scorers < CALIB_MAX_SCORERS; i++)
+      if (scorer_measurable(i)) r->scorers[r->n_scorers++] = i;
     return CLI_OK;
   }
   char buf[256];
   snprintf(buf, sizeof buf, "%s", r->cfg.scorers_s);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     uint32_t id;
-    if (kvt_policy_parse(t, &id) || id == KVT_SCORER_FULL)
-      return usage_error("unknown scorer in --scorers (not full)", t);
+    if (kvt_policy_parse(t, &id) || !scorer_measurable(id))
+      return usage_error("--scorers takes recent, sink-recent, h2o, snapkv, tova", t);
     if (r->n_scorers == CALIB_MAX_SCORERS) return usage_error("too many --scorers", t);
     r->scorers[r->n_scorers++] = id;
   }
@@ -217,7 +225,7 @@ static int open_trace(cal_run *r, uint32_t i, FILE **out) {
     fclose(f);
     return trace_error(path, "not an attention trace of version 1 (docs/trace-format.md)");
   }
-  if (h.scorer != KVT_SCORER_FULL || h.hot_share != 1.0) {
+  if (h.scorer != KVT_SCORER_FULL || h.hot_share != 1.0) { /* hot_share: the budget */
     fclose(f);
     return trace_error(path, "not a full-cache trace: make it with kvtier eval --policy full");
   }
@@ -272,7 +280,7 @@ static int cal_begin_seq(cal_run *r) {
     kvt_policy p;
     kvt_policy_init(&p);
     p.scorer = r->scorers[r->cfgs[c].scorer];
-    p.hot_share = r->grid[r->cfgs[c].g];
+    p.budget = r->grid[r->cfgs[c].g];
     int rc = kvt_seq_create(r->e, r->ns, &r->cfgs[c].s);
     if (!rc) rc = kvt_seq_set_policy(r->cfgs[c].s, &p);
     if (rc) return cli_engine_error("calibrate", "creating a replay sequence", r->e, rc);
@@ -283,7 +291,8 @@ static int cal_begin_seq(cal_run *r) {
 }
 
 /* Append and put (zeros) every block complete before query position pos,
- * as the reference decoder does after the step that fills a block. */
+ * as the reference decoder does after the step that fills a block; then
+ * the length, tail included, that the budget counts at this step. */
 static int cal_fill(cal_run *r, uint32_t c, uint32_t pos) {
   uint32_t bt = r->h.block_tokens, need = pos / bt;
   uint32_t tok[KVT_MAX_BLOCK_TOKENS];
@@ -297,7 +306,8 @@ static int cal_fill(cal_run *r, uint32_t c, uint32_t pos) {
     if (rc) return cli_engine_error("calibrate", "putting a replay block", r->e, rc);
     r->blocks_put[c]++;
   }
-  return CLI_OK;
+  int rc = kvt_seq_set_tokens(r->cfgs[c].s, (uint64_t)pos + 1);
+  return rc ? cli_engine_error("calibrate", "setting the length", r->e, rc) : CLI_OK;
 }
 
 /* One traced record (every block of a layer at one step, full cache) for
@@ -329,7 +339,7 @@ static int cal_step(cal_run *r, uint32_t c, const trace_rec *rec) {
 
 static int cal_replay_trace(cal_run *r, FILE *f, const char *path) {
   trace_rec rec;
-  uint32_t cur_seq = UINT32_MAX;
+  uint32_t cur_seq = UINT32_MAX, cur_pos = UINT32_MAX;
   int got, rc = CLI_OK;
   while (rc == CLI_OK && (got = trace_read_rec(f, &rec)) == 1) {
     if (rec.layer >= r->h.n_layers || rec.n_blocks > r->h.seq_len / r->h.block_tokens + 1 ||
@@ -340,13 +350,15 @@ static int cal_replay_trace(cal_run *r, FILE *f, const char *path) {
       if (r->ent[i].block != i) return trace_error(path, "a record misses blocks: not full-cache");
     if (rec.seq != cur_seq) {
       cur_seq = rec.seq;
+      cur_pos = UINT32_MAX;
       progress("calibrate: %s: sequence %u", path, cur_seq);
       rc = cal_begin_seq(r);
     }
-    for (uint32_t c = 0; rc == CLI_OK && c < r->n_cfgs; c++) {
-      rc = cal_fill(r, c, rec.pos);
-      if (rc == CLI_OK) rc = cal_step(r, c, &rec);
+    if (rec.pos != cur_pos) { /* a new step: its blocks and length first */
+      cur_pos = rec.pos;
+      for (uint32_t c = 0; rc == CLI_OK && c < r->n_cfgs; c++) rc = cal_fill(r, c, rec.pos);
     }
+    for (uint32_t c = 0; rc == CLI_OK && c < r->n_cfgs; c++) rc = cal_step(r, c, &rec);
     r->records++;
   }
   if (rc == CLI_OK && got < 0) return trace_error(path, "truncated or a bad record");

@@ -19,8 +19,14 @@
  * there for a budget to mean anything. */
 #define EVAL_FIRST_TARGET 64u
 
+/* The oracle ranks blocks by the full cache's attention over this many
+ * steps ahead (the ceiling of eviction), and eval reports the mass the
+ * policy misses over the same horizon. */
+#define EVAL_HORIZON 32u
+
 typedef struct eval_cfg {
   const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s;
+  const char *profile, *predictor;
   uint64_t sequences, len, seed, block_tokens;
   int show, json;
   double budget;
@@ -37,6 +43,8 @@ typedef struct eval_run {
   rm_model m;
   ref_codec codec;
   kvt_policy pol;
+  int oracle;                         /* --policy oracle: "external" fed the future */
+  uint32_t bt;                        /* tokens per block */
   uint32_t **seqs, *lens;
   size_t n_seqs;
   kvt_engine *e;
@@ -49,11 +57,21 @@ typedef struct eval_run {
   uint32_t cur_seq;
   kvt_gathered *ret;                  /* scratch for kvt_seq_retained */
   float *sorted;
+  /* the full cache's block masses of the current sequence, from a first
+   * pass through kvtier with nothing evicted: [pos][layer][block] */
+  float *fmass;
+  size_t fm_blocks;                   /* blocks per (pos, layer) row */
+  int fm_pass;                        /* 1 while the first pass records */
+  /* budgets, per scored position (summed over layers), over the run */
+  double kept_frac, kept_tok_frac, missed, missed_h;
+  uint64_t kept_n, missed_n, over_positions;
+  int over_now;                       /* a layer over budget at this position */
+  uint8_t *keep;                      /* [fm_blocks] scratch */
   int cb_rc;
   kvt_stats st;                       /* the engine's, after the last sequence */
 } eval_run;
 
-#define EVAL_N_OPTS 13
+#define EVAL_N_OPTS 15
 
 static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
   const cli_opt opts[EVAL_N_OPTS] = {
@@ -65,8 +83,14 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "tokens per sequence, up to the model's context (default: the context)"},
       {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "sampling seed (default 1)"},
       {"--budget", "F", CLI_STR, &c->budget_s, 0, 0,
-       "fraction of the context's blocks each layer keeps, (0, 1] (default 1)"},
-      {"--policy", "P", CLI_STR, &c->policy, 0, 0, "full, recent, sink-recent or h2o (default full)"},
+       "bytes each layer keeps, a fraction of its full f16 cache, tail included (default 1)"},
+      {"--policy", "P", CLI_STR, &c->policy, 0, 0,
+       "full, recent, sink-recent, h2o, snapkv, tova, learned, auto, or oracle (default full)"},
+      {"--profile", "FILE", CLI_STR, &c->profile, 0, 0,
+       "per-layer scorers and shares for --policy auto (kvtier calibrate)"},
+      {"--predictor", "FILE", CLI_STR, &c->predictor, 0, 0,
+       "the learned scorer's model (kvtier train)"},
+      {"--block-tokens", "N", CLI_U64, &c->block_tokens, 1, 256, "tokens per block (default 16)"},
       {"--codec", "C", CLI_STR, &c->codec, 0, 0,
        "quantize every block (warm, in place): k8v3 (both), k8 (keys), v3 (values), ..."},
       {"--input", "FILE", CLI_STR, &c->input, 0, 0,
@@ -75,8 +99,6 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "write every step's per-layer block masses (docs/trace-format.md)"},
       {"--show", NULL, CLI_FLAG, &c->show, 0, 0, "print the text of the first sequence"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
-      {"--block-tokens", "N", CLI_U64, &c->block_tokens, 1, 256,
-       "tokens per block of the engine's cache, a power of two (default 16)"},
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -88,7 +110,7 @@ void eval_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
           "                   [--policy P] [--codec C] [--input FILE] [--dump-trace FILE]\n"
-          "                   [--block-tokens N] [--show] [--json]\n\n"
+          "                   [--show] [--json]\n\n"
           "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
           "Samples N sequences of L tokens from the model with a full cache (temperature\n"
           "1, seeded; a story that ends is followed by a new one), or reads them with\n"
@@ -118,17 +140,19 @@ static int eval_check(eval_run *r) {
   if (c->budget_s && (*end || !(c->budget > 0 && c->budget <= 1)))
     return usage_error("--budget must be a fraction in (0, 1]", c->budget_s);
   kvt_policy_init(&r->pol);
-  if (c->policy && kvt_policy_parse(c->policy, &r->pol.scorer))
-    return usage_error("unknown --policy (full, recent, sink-recent, h2o)", c->policy);
-  r->pol.hot_share = c->budget;
+  r->oracle = c->policy && strcmp(c->policy, "oracle") == 0;
+  if (r->oracle) r->pol.scorer = KVT_SCORER_EXTERNAL;
+  else if (c->policy && (kvt_policy_parse(c->policy, &r->pol.scorer) ||
+                         r->pol.scorer == KVT_SCORER_EXTERNAL))
+    return usage_error("unknown --policy (full, recent, sink-recent, h2o, snapkv, tova, learned, "
+                       "auto, oracle)", c->policy);
+  r->pol.budget = c->budget;
+  r->bt = c->block_tokens ? (uint32_t)c->block_tokens : REF_BLOCK_TOKENS;
   if (r->pol.scorer == KVT_SCORER_FULL && c->budget < 1)
     return usage_error("--budget below 1 needs a --policy other than full", c->budget_s);
   if (c->codec && ref_codec_parse(c->codec, &r->codec))
     return usage_error("unknown --codec (k8v3, k8cv3, k4v2, ..., or one side: k8, v3, ...)",
                        c->codec);
-  if (!c->block_tokens) c->block_tokens = REF_BLOCK_TOKENS;
-  if (c->block_tokens & (c->block_tokens - 1))
-    return usage_error("--block-tokens must be a power of two", NULL);
   if (c->input && (c->sequences || c->len))
     return usage_error("--input gives the sequences: no --sequences or --len with it", NULL);
   return CLI_OK;
@@ -175,9 +199,14 @@ static int eval_open(eval_run *r, const char *dir) {
     o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
   }
   int rc = cli_engine_open(dir, &o, &r->e);
-  if (!rc) rc = rm_ns_register(r->e, &r->m, (uint32_t)r->cfg.block_tokens, &r->ns);
+  if (!rc) rc = rm_ns_register(r->e, &r->m, r->bt, &r->ns);
   if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
-  return rc ? cli_engine_error("eval", "opening the engine", r->e, rc) : CLI_OK;
+  if (rc) return cli_engine_error("eval", "opening the engine", r->e, rc);
+  if (r->cfg.profile && (rc = kvt_ns_load_profile(r->e, r->ns, r->cfg.profile)))
+    return cli_engine_error("eval", r->cfg.profile, r->e, rc);
+  if (r->cfg.predictor && (rc = kvt_ns_load_predictor(r->e, r->ns, r->cfg.predictor)))
+    return cli_engine_error("eval", r->cfg.predictor, r->e, rc);
+  return CLI_OK;
 }
 
 /* ---- observation: concentration and the trace ---------------------------------- */
@@ -187,10 +216,67 @@ static int cmp_desc(const void *a, const void *b) {
   return (x < y) - (x > y);
 }
 
+static float *fmass_row(eval_run *r, uint32_t pos, uint32_t layer) {
+  return r->fmass + ((size_t)pos * (size_t)r->m.c.n_layers + layer) * r->fm_blocks;
+}
+
+/* First pass: the full cache's mass of every block at (pos, layer). */
+static void on_mass_full(void *arg, uint32_t layer, uint32_t pos, kvt_seq *s, const float *mass,
+                         size_t n) {
+  (void)s;
+  eval_run *r = arg;
+  memcpy(fmass_row(r, pos, layer), mass, n * sizeof *mass);
+}
+
+/* What the policy keeps at (pos, layer) against its budget, and the
+ * full cache's mass over the next EVAL_HORIZON steps (and at this step)
+ * on blocks it no longer retains. Called on the retained list r->ret. */
+static void account_budget(eval_run *r, uint32_t layer, uint32_t pos, kvt_seq *s, size_t n) {
+  kvt_policy_info pi;
+  if (kvt_seq_policy_info(s, layer, &pi)) return;
+  r->over_now |= (int)pi.over;
+  uint32_t L = (uint32_t)r->m.c.n_layers;
+  double H = (double)r->m.c.n_heads;
+  /* kept fractions are summed per layer and divided by L at the end of
+   * the position (every layer has the same full size) */
+  r->kept_frac += (double)pi.kept_bytes / (double)pi.full_bytes / L;
+  r->kept_tok_frac += (double)pi.kept_tokens / (double)pi.tokens / L;
+  if (!r->fmass) return;
+  /* retained blocks, marked over the sequence's blocks */
+  uint8_t *keep = r->keep;
+  size_t nbk = pos / r->bt;
+  memset(keep, 0, nbk);
+  for (size_t i = 0; i < n; i++)
+    if (r->ret[i].block < nbk) keep[r->ret[i].block] = 1;
+  const float *now = fmass_row(r, pos, layer);
+  double miss = 0, miss_h = 0, tot_h = 0;
+  for (size_t b = 0; b < nbk; b++) miss += keep[b] ? 0 : now[b];
+  uint32_t last = pos + EVAL_HORIZON;
+  if (last > r->lens[r->cur_seq] - 1) last = r->lens[r->cur_seq] - 1;
+  for (uint32_t t = pos; t < last; t++) {
+    const float *row = fmass_row(r, t, layer);
+    for (size_t b = 0; b < nbk; b++) {
+      tot_h += row[b];
+      miss_h += keep[b] ? 0 : row[b];
+    }
+  }
+  r->missed += miss / H;
+  r->missed_h += tot_h > 0 ? miss_h / tot_h : 0;
+  r->missed_n++;
+}
+
 static void on_mass(void *arg, uint32_t layer, uint32_t pos, kvt_seq *s, const float *mass,
                     size_t n) {
   eval_run *r = arg;
-  if (n == 0 || r->cb_rc) return;
+  if (r->fm_pass) {
+    on_mass_full(arg, layer, pos, s, mass, n);
+    return;
+  }
+  if (r->cb_rc) return;
+  if (n == 0) {
+    if (pos + 1 >= EVAL_FIRST_TARGET) account_budget(r, layer, pos, s, 0);
+    return;
+  }
   size_t got;
   int rc = kvt_seq_retained(s, layer, r->ret, (size_t)r->m.c.seq_len, &got);
   if (rc || got != n) {
@@ -202,6 +288,7 @@ static void on_mass(void *arg, uint32_t layer, uint32_t pos, kvt_seq *s, const f
     return;
   }
   if (pos + 1 < EVAL_FIRST_TARGET) return;
+  account_budget(r, layer, pos, s, n);
   double total = 0, top = 0;
   memcpy(r->sorted, mass, n * sizeof *mass);
   qsort(r->sorted, n, sizeof *r->sorted, cmp_desc);
@@ -217,14 +304,54 @@ static void on_mass(void *arg, uint32_t layer, uint32_t pos, kvt_seq *s, const f
 
 /* ---- scoring ---------------------------------------------------------------------- */
 
+/* First pass over sequence i: kvtier with nothing evicted, recording the
+ * full cache's mass of every block at every (position, layer). */
+static int eval_full_masses(eval_run *r, size_t i) {
+  const uint32_t *tok = r->seqs[i], len = r->lens[i];
+  rm_dec d;
+  int rc = rm_dec_init(&d, &r->m, r->e, r->ns);
+  if (rc) return rc;
+  d.on_mass = on_mass;
+  d.on_mass_arg = r;
+  d.observe = 0;
+  r->fm_pass = 1;
+  memset(r->fmass, 0, (size_t)r->m.c.seq_len * (size_t)r->m.c.n_layers * r->fm_blocks *
+                          sizeof *r->fmass);
+  for (uint32_t p = 0; !rc && p + 1 < len; p++) rc = rm_dec_step(&d, tok[p], NULL);
+  r->fm_pass = 0;
+  rm_dec_free(&d);
+  return rc;
+}
+
+/* The oracle's hints before step p: each block's full-cache mass over
+ * steps p .. p + EVAL_HORIZON - 1 (what eviction at the start of step p
+ * will miss). */
+static int eval_oracle_hints(eval_run *r, rm_dec *d, uint32_t p) {
+  uint32_t nb = kvt_seq_blocks(d->s), L = (uint32_t)r->m.c.n_layers, last = p + EVAL_HORIZON;
+  if (last > r->lens[r->cur_seq] - 1) last = r->lens[r->cur_seq] - 1;
+  float *h = r->sorted; /* scratch of fm_blocks */
+  for (uint32_t l = 0; l < L; l++) {
+    memset(h, 0, nb * sizeof *h);
+    for (uint32_t t = p; t < last; t++) {
+      const float *row = fmass_row(r, t, l);
+      for (uint32_t b = 0; b < nb; b++) h[b] += row[b];
+    }
+    int rc = kvt_seq_hint(d->s, l, h, nb);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 /* Teacher-force sequence i through the full cache (plain) and through
  * kvtier with the policy and codec; accumulate the per-sequence means. */
 static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
   const uint32_t *tok = r->seqs[i], len = r->lens[i];
   size_t V = (size_t)r->m.c.vocab_size;
-  rm_dec full, d;
-  int rc = rm_dec_init(&full, &r->m, NULL, 0);
+  r->cur_seq = (uint32_t)i;
+  int rc = r->fmass ? eval_full_masses(r, i) : 0;
   if (rc) return rc;
+  rm_dec full, d;
+  if ((rc = rm_dec_init(&full, &r->m, NULL, 0))) return rc;
   if ((rc = rm_dec_init(&d, &r->m, r->e, r->ns))) {
     rm_dec_free(&full);
     return rc;
@@ -233,16 +360,19 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
   d.rt_codec[1] = r->codec.warm ? 0 : r->codec.v;
   d.on_mass = on_mass;
   d.on_mass_arg = r;
-  r->cur_seq = (uint32_t)i;
   rc = kvt_seq_set_policy(d.s, &r->pol);
   double nll = 0, nll_f = 0, kl = 0, agree = 0;
   uint64_t n = 0;
   for (uint32_t p = 0; !rc && p + 1 < len; p++) {
     const float *lf, *lc;
+    r->over_now = 0;
+    if (r->oracle && (rc = eval_oracle_hints(r, &d, p))) break;
     if ((rc = rm_dec_step(&full, tok[p], &lf)) || (rc = rm_dec_step(&d, tok[p], &lc)) ||
         (rc = r->cb_rc))
       break;
     if (p + 1 < EVAL_FIRST_TARGET) continue;
+    r->kept_n++;
+    r->over_positions += (uint64_t)r->over_now;
     rm_log_softmax(lf, V, lp_full);
     rm_log_softmax(lc, V, lp);
     nll -= lp[tok[p + 1]];
@@ -296,7 +426,11 @@ static void eval_print(eval_run *r) {
   mean_se(r->kl, ns, &m[2], &se[2]);
   mean_se(r->top1, ns, &m[3], &se[3]);
   free(delta);
-  const char *policy = kvt_policy_name(r->pol.scorer), *codec = r->cfg.codec ? r->cfg.codec : "none";
+  const char *policy = r->oracle ? "oracle" : kvt_policy_name(r->pol.scorer);
+  const char *codec = r->cfg.codec ? r->cfg.codec : "none";
+  double kn = r->kept_n ? (double)r->kept_n : NAN, mn = r->missed_n ? (double)r->missed_n : NAN;
+  double kept[4] = {r->kept_frac / kn, r->kept_tok_frac / kn, r->fmass ? r->missed / mn : 0,
+                    r->fmass ? r->missed_h / mn : 0};
   uint32_t L = (uint32_t)r->m.c.n_layers;
   if (r->cfg.json) {
     json_w j;
@@ -309,7 +443,6 @@ static void eval_print(eval_run *r) {
     json_u64(&j, "first_target", EVAL_FIRST_TARGET);
     json_str(&j, "policy", policy);
     json_f64(&j, "budget", r->cfg.budget);
-    json_u64(&j, "block_tokens", r->cfg.block_tokens);
     json_str(&j, "codec", codec);
     json_f64(&j, "nll", m[0]);
     json_f64(&j, "nll_se", se[0]);
@@ -319,6 +452,12 @@ static void eval_print(eval_run *r) {
     json_f64(&j, "kl_se", se[2]);
     json_f64(&j, "top1", m[3]);
     json_f64(&j, "top1_se", se[3]);
+    json_f64(&j, "kept_fraction", kept[0]);
+    json_f64(&j, "kept_tokens_fraction", kept[1]);
+    json_u64(&j, "positions_over_budget", r->over_positions);
+    json_f64(&j, "missed_mass", kept[2]);
+    json_f64(&j, "missed_mass_next32", kept[3]);
+    json_u64(&j, "block_tokens", r->bt);
     json_u64(&j, "hot_layer_blocks", r->st.tier_blocks[KVT_TIER_HOT]);
     json_u64(&j, "warm_layer_blocks", r->st.tier_blocks[KVT_TIER_WARM]);
     json_obj(&j, "layers");
@@ -342,6 +481,12 @@ static void eval_print(eval_run *r) {
   printf("  delta_nll  %8.4f  +- %.4f  (against the full cache)\n", m[1], se[1]);
   printf("  kl         %8.4f  +- %.4f  KL(full || this)\n", m[2], se[2]);
   printf("  top1       %8.4f  +- %.4f  agreement with the full cache\n", m[3], se[3]);
+  printf("  kept       %8.4f  of the full cache's bytes (%.4f of its tokens), tail included\n",
+         kept[0], kept[1]);
+  printf("  over       %8" PRIu64 "  positions where sinks, window and tail alone exceed the budget\n",
+         r->over_positions);
+  printf("  missed     %8.4f  of the full cache's attention (%.4f over the next %u steps)\n",
+         kept[2], kept[3], EVAL_HORIZON);
   printf("  engine     %" PRIu64 " layer blocks hot, %" PRIu64 " warm at the end\n\n",
          r->st.tier_blocks[KVT_TIER_HOT], r->st.tier_blocks[KVT_TIER_WARM]);
   printf("  layer  mass on top 10%% of blocks  mass on first block\n");
@@ -364,6 +509,8 @@ static void eval_free(eval_run *r) {
   free(r->layers);
   free(r->ret);
   free(r->sorted);
+  free(r->fmass);
+  free(r->keep);
   rm_model_free(&r->m);
 }
 
@@ -386,16 +533,25 @@ static int eval_main(eval_run *r, const char *dir) {
   r->layers = calloc((size_t)r->m.c.n_layers, sizeof *r->layers);
   r->ret = calloc(S, sizeof *r->ret);
   r->sorted = calloc(S, sizeof *r->sorted);
+  r->fm_blocks = S / r->bt + 1;
+  r->keep = calloc(r->fm_blocks, 1);
+
   double *lp = malloc(2 * V * sizeof *lp);
-  if (!r->nll || !r->nll_full || !r->kl || !r->top1 || !r->layers || !r->ret || !r->sorted || !lp) {
+  if (!r->nll || !r->nll_full || !r->kl || !r->top1 || !r->layers || !r->ret || !r->sorted ||
+      !r->keep || !lp) {
+    free(lp);
+    return cli_lib_error("eval", "allocating", -ENOMEM);
+  }
+  if (r->pol.scorer != KVT_SCORER_FULL &&
+      !(r->fmass = calloc(S * (size_t)r->m.c.n_layers * r->fm_blocks, sizeof *r->fmass))) {
     free(lp);
     return cli_lib_error("eval", "allocating", -ENOMEM);
   }
   if (r->cfg.trace) {
     trace_hdr h = {.n_layers = (uint32_t)r->m.c.n_layers, .n_q_heads = (uint32_t)r->m.c.n_heads,
                    .n_kv_heads = (uint32_t)r->m.c.n_kv_heads, .head_dim = r->m.head_dim,
-                   .block_tokens = (uint32_t)r->cfg.block_tokens, .seq_len = (uint32_t)r->m.c.seq_len,
-                   .scorer = r->pol.scorer, .hot_share = r->pol.hot_share};
+                   .block_tokens = r->bt, .seq_len = (uint32_t)r->m.c.seq_len,
+                   .scorer = r->pol.scorer, .hot_share = r->pol.budget};
     snprintf(h.model, sizeof h.model, "%s", r->m.name);
     if ((rc = trace_open(r->cfg.trace, &h, &r->tw))) {
       free(lp);

@@ -6,7 +6,9 @@
  * (its leading run of stored blocks is its hit), then appended, and the
  * blocks nobody had are put (computed). Two engines see every request in
  * the same order: one evicting in the chosen order (KVT_EVICT_CHAIN by
- * default) and one in plain LRU, so the gain is measured, not claimed.
+ * default) and one in plain LRU, so the gain is measured, not claimed;
+ * beside them Belady's MIN (plan_belady.c) replays the same block accesses
+ * knowing the future: the ceiling for the capacity.
  *
  * Layers are folded: each replay namespace has one layer holding every
  * layer's KV heads (same bytes per token block). A replay appends, puts
@@ -22,6 +24,7 @@
 
 #include "cmds.h"
 #include "plan.h"
+#include "plan_belady.h"
 #include "util.h"
 
 #define CAP_INF UINT64_MAX /* unbounded capacity */
@@ -54,6 +57,7 @@ typedef struct plan_setup {
   uint64_t rec_folded;         /* its cold record, folded shape (what limits count) */
   double duration_s;
   const char *source;          /* trace path or "synthetic" */
+  plan_future *future;         /* the trace's next uses, for the offline optimum */
 } plan_setup;
 
 /* One engine replaying the workload, and what it saw. */
@@ -116,7 +120,9 @@ void plan_usage(FILE *f)
              "admission and eviction code, with sizes and no payloads - at 512-token block\n"
              "granularity on the trace's clock. A request's hit is its leading run of stored\n"
              "blocks, capped at its input length; rates are token-weighted. Plain LRU runs\n"
-             "alongside in the same replay. Guide: docs/capacity-planning.md.\n\n");
+             "alongside in the same replay, and Belady's MIN (the offline optimum at the same\n"
+             "capacity, from the trace's future) beside both: gap_closed is the share of the\n"
+             "LRU-to-optimum gap the policy closes. Guide: docs/capacity-planning.md.\n\n");
   cli_print_opts(f, o, PLAN_N_OPTS);
   fprintf(f, "\nbuilt-in models:\n");
   plan_model_list(f);
@@ -548,6 +554,51 @@ static void json_header(const plan_setup *p)
   printf(" \"policy\": \"%s\", \"admit_min_seen\": %u,\n", policy_name(p->policy), p->min_seen);
 }
 
+/* ---- the offline optimum ------------------------------------------------------ */
+
+/* The distinct blocks the store under test can hold at once: the cold
+ * records its limit admits (cold_limit: an unbounded tier is beyond any
+ * trace), plus the RAM tiers in whole blocks as the "fits" line counts
+ * them. No policy of that store ever holds more blocks at once, so MIN at
+ * this size bounds every policy from above. */
+static uint64_t store_blocks(const plan_setup *p, uint64_t cap_tokens)
+{
+  per_token bt = bytes_per_token(p);
+  uint64_t blocks = cold_limit(p, cap_tokens) / p->rec_folded;
+  blocks += p->hot_bytes / p->block_bytes;
+  if (bt.warm > 0) blocks += (uint64_t)((double)p->warm_bytes / (bt.warm * PLAN_BLOCK_TOKENS));
+  return blocks;
+}
+
+static int belady_run(const plan_setup *p, uint64_t cap_tokens, plan_belady_stats *b)
+{
+  if (!plan_belady_replay(&p->t, p->future, store_blocks(p, cap_tokens), b)) return CLI_OK;
+  fprintf(stderr, "kvtier plan: out of memory\n");
+  return CLI_FAIL;
+}
+
+/* The share of the gap from LRU to the optimum that a policy closes:
+ * (policy - LRU) / (Belady - LRU) on tokens saved. NAN (printed null)
+ * when there is no gap: Belady no better than LRU (everything fits). */
+static double gap_closed(uint64_t policy, uint64_t lru, uint64_t belady)
+{
+  if (belady <= lru) return NAN;
+  return ((double)policy - (double)lru) / ((double)belady - (double)lru);
+}
+
+static void json_gap(double g)
+{
+  if (isnan(g)) printf("null");
+  else printf("%.6f", g);
+}
+
+static const char *fmt_gap(char *buf, size_t len, double g)
+{
+  if (isnan(g)) snprintf(buf, len, "-");
+  else snprintf(buf, len, "%.1f%%", 100 * g);
+  return buf;
+}
+
 /* ---- one replay, full report ---------------------------------------------- */
 
 static void tiers_json(const plan_setup *p, const sim *s)
@@ -591,7 +642,7 @@ static void bw_line(const char *what, double need, double have)
          need <= have ? "enough" : "short");
 }
 
-static void report_text(const plan_setup *p, const sim *s)
+static void report_text(const plan_setup *p, const sim *s, const plan_belady_stats *b)
 {
   char b1[32], b2[32], b3[32], cap[32];
   per_token bt = bytes_per_token(p);
@@ -606,6 +657,9 @@ static void report_text(const plan_setup *p, const sim *s)
   printf("\nreplay (cold eviction: %s; plain LRU alongside)\n", policy_name(p->policy));
   printf("  %-26s %8.1f%%   (plain LRU %.1f%%)\n", "prefix-hit rate", 100 * hit_rate(p, s),
          100 * hit_rate(p, s + 1));
+  printf("  %-26s %8.1f%%   (gap from LRU to it closed: %s)\n", "offline optimum (Belady)",
+         100 * (double)b->hit_tokens / in,
+         fmt_gap(b1, sizeof b1, gap_closed(s->hit_tokens, s[1].hit_tokens, b->hit_tokens)));
   printf("  %-26s hot %.1f%%, warm %.1f%%, cold %.1f%%\n", "hits by tier",
          100 * s->tier_tokens[1] / in, 100 * s->tier_tokens[2] / in, 100 * s->tier_tokens[3] / in);
   printf("  %-26s %.1fM of %.1fM input tokens\n", "prefill tokens saved", s->hit_tokens / 1e6,
@@ -635,7 +689,7 @@ static void report_text(const plan_setup *p, const sim *s)
     printf("  %" PRIu64 " puts refused: the tiers were full of referenced blocks\n", s->put_refused);
 }
 
-static void report_json(const plan_setup *p, const sim *s)
+static void report_json(const plan_setup *p, const sim *s, const plan_belady_stats *b)
 {
   per_token bt = bytes_per_token(p);
   json_header(p);
@@ -652,7 +706,11 @@ static void report_json(const plan_setup *p, const sim *s)
   tiers_json(p, s);
   printf("},\n \"lru\": {");
   tiers_json(p, s + 1);
-  printf("}}\n");
+  printf("},\n \"belady_hit_rate\": %.6f, \"belady_prefill_tokens_saved\": %" PRIu64
+         ", \"gap_closed\": ", p->t.input_tokens ? (double)b->hit_tokens / (double)p->t.input_tokens : 0,
+         b->hit_tokens);
+  json_gap(gap_closed(s->hit_tokens, s[1].hit_tokens, b->hit_tokens));
+  printf("}\n");
 }
 
 static int run_one(const plan_setup *p, int json)
@@ -662,9 +720,11 @@ static int run_one(const plan_setup *p, int json)
   if (!rc) rc = sim_open(p, p->caps[0], KVT_EVICT_LRU, &s[1]);
   if (!rc) rc = replay(p, s, 2, "replay");
   progress_end();
+  plan_belady_stats b;
+  if (!rc) rc = belady_run(p, p->caps[0], &b);
   if (!rc) {
-    if (json) report_json(p, s);
-    else report_text(p, s);
+    if (json) report_json(p, s, &b);
+    else report_text(p, s, &b);
   }
   sim_close(&s[0]);
   sim_close(&s[1]);
@@ -677,6 +737,8 @@ typedef struct sweep_row {
   uint64_t cap;
   double hit, lru_hit, cold_fast, read_peak;
   uint64_t saved, lru_saved, evictions, lru_evictions;
+  double belady_hit, gap;      /* the offline optimum; gap_closed (NAN: no gap) */
+  uint64_t belady_saved;
 } sweep_row;
 
 static int sweep_one(const plan_setup *p, uint64_t cap, sweep_row *row)
@@ -695,6 +757,11 @@ static int sweep_one(const plan_setup *p, uint64_t cap, sweep_row *row)
                        .read_peak = s[0].peak_window_bytes / 1e9, .saved = s[0].hit_tokens,
                        .lru_saved = s[1].hit_tokens, .evictions = s[0].st.evictions[KVT_TIER_COLD],
                        .lru_evictions = s[1].st.evictions[KVT_TIER_COLD]};
+    plan_belady_stats b;
+    rc = belady_run(p, cap, &b);
+    row->belady_saved = b.hit_tokens;
+    row->belady_hit = p->t.input_tokens ? (double)b.hit_tokens / (double)p->t.input_tokens : 0;
+    row->gap = gap_closed(row->saved, row->lru_saved, b.hit_tokens);
   }
   sim_close(&s[0]);
   sim_close(&s[1]);
@@ -709,12 +776,12 @@ static double cap_bytes(const plan_setup *p, uint64_t cap)
 
 static void sweep_text(const plan_setup *p, const sweep_row *rows, size_t n)
 {
-  char b[32], c[32];
+  char b[32], c[32], g[32];
   print_header(p);
   printf("\ncold tier only (hot and warm 0); eviction %s against plain LRU in the same replay\n\n",
          policy_name(p->policy));
-  printf("  %10s %12s %10s %10s %8s %12s %12s\n", "capacity", "cold bytes", "hit rate", "LRU",
-         "gain", "tokens saved", "read peak");
+  printf("  %10s %12s %10s %10s %8s %10s %8s %12s %12s\n", "capacity", "cold bytes", "hit rate",
+         "LRU", "gain", "Belady", "closed", "tokens saved", "read peak");
   for (size_t i = 0; i < n; i++) {
     const sweep_row *r = &rows[i];
     fmt_tokens(c, sizeof c, r->cap);
@@ -722,8 +789,9 @@ static void sweep_text(const plan_setup *p, const sweep_row *rows, size_t n)
     if (r->cap == CAP_INF) snprintf(b, sizeof b, "-");
     else if (cb < 0x1p64) fmt_bytes(b, sizeof b, (uint64_t)cb);
     else snprintf(b, sizeof b, "%.0f TiB", cb / 0x1p40);
-    printf("  %10s %12s %9.1f%% %9.1f%% %+7.1f%% %11.1fM %8.2f GB/s\n", c, b, 100 * r->hit,
-           100 * r->lru_hit, 100 * (r->hit - r->lru_hit), r->saved / 1e6, r->read_peak);
+    printf("  %10s %12s %9.1f%% %9.1f%% %+7.1f%% %9.1f%% %8s %11.1fM %8.2f GB/s\n", c, b,
+           100 * r->hit, 100 * r->lru_hit, 100 * (r->hit - r->lru_hit), 100 * r->belady_hit,
+           fmt_gap(g, sizeof g, r->gap), r->saved / 1e6, r->read_peak);
   }
 }
 
@@ -742,9 +810,13 @@ static void sweep_json(const plan_setup *p, const sweep_row *rows, size_t n)
     printf(", \"hit_rate\": %.6f, \"lru_hit_rate\": %.6f, \"prefill_tokens_saved\": %" PRIu64
            ", \"lru_prefill_tokens_saved\": %" PRIu64 ", \"evictions\": %" PRIu64
            ", \"lru_evictions\": %" PRIu64 ", \"cold_hits_faster_than_recompute\": %.6f"
-           ", \"nvme_read_gbps_peak_1s\": %.4f}%s\n",
+           ", \"nvme_read_gbps_peak_1s\": %.4f",
            r->hit, r->lru_hit, r->saved, r->lru_saved, r->evictions, r->lru_evictions, r->cold_fast,
-           r->read_peak, i + 1 < n ? "," : "");
+           r->read_peak);
+    printf(", \"belady_hit_rate\": %.6f, \"belady_prefill_tokens_saved\": %" PRIu64
+           ", \"gap_closed\": ", r->belady_hit, r->belady_saved);
+    json_gap(r->gap);
+    printf("}%s\n", i + 1 < n ? "," : "");
   }
   printf(" ]}\n");
 }
@@ -791,7 +863,7 @@ static int plan_svg(const char *path, const char *title, const sweep_row *rows, 
       lo = fmin(lo, (double)rows[i].cap);
       hi = fmax(hi, (double)rows[i].cap);
     }
-    ymax = fmax(ymax, fmax(rows[i].hit, rows[i].lru_hit));
+    ymax = fmax(ymax, fmax(rows[i].hit, fmax(rows[i].lru_hit, rows[i].belady_hit)));
   }
   if (hi <= 0) lo = hi = 1e6;
   double llo = log10(lo), lhi = log10(hi) + (has_inf ? 0.35 : 0);
@@ -830,21 +902,25 @@ static int plan_svg(const char *path, const char *title, const sweep_row *rows, 
           L + pw / 2, H - 14);
   fprintf(f, "<text transform=\"translate(16,%.1f) rotate(-90)\" text-anchor=\"middle\">"
              "prefix-hit rate (token-weighted)</text>\n", T + ph / 2);
-  const char *color[2] = {"#1f77b4", "#d62728"}, *name[2] = {"kvtier eviction", "plain LRU"};
-  for (int s = 0; s < 2; s++) {
+  /* Series: the policy, plain LRU (dashed), the offline optimum (dotted). */
+  const char *color[3] = {"#1f77b4", "#d62728", "#2ca02c"},
+             *name[3] = {"kvtier eviction", "plain LRU", "offline optimum (Belady)"},
+             *dash[3] = {"", " stroke-dasharray=\"6 4\"", " stroke-dasharray=\"2 3\""};
+#define V(s, r) ((s) == 0 ? (r).hit : (s) == 1 ? (r).lru_hit : (r).belady_hit)
+  for (int s = 0; s < 3; s++) {
     fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", color[s],
-            s ? " stroke-dasharray=\"6 4\"" : "");
+            dash[s]);
     for (size_t i = 0; i < n; i++)
-      fprintf(f, "%.1f,%.1f ", X(rows[i].cap), Y(s ? rows[i].lru_hit : rows[i].hit));
+      fprintf(f, "%.1f,%.1f ", X(rows[i].cap), Y(V(s, rows[i])));
     fprintf(f, "\"/>\n");
     for (size_t i = 0; i < n; i++)
       fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", X(rows[i].cap),
-              Y(s ? rows[i].lru_hit : rows[i].hit), color[s]);
+              Y(V(s, rows[i])), color[s]);
     fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"%s/>\n",
-            L + 12, T + 14 + 18.0 * s, L + 40, T + 14 + 18.0 * s, color[s],
-            s ? " stroke-dasharray=\"6 4\"" : "");
+            L + 12, T + 14 + 18.0 * s, L + 40, T + 14 + 18.0 * s, color[s], dash[s]);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", L + 46, T + 18 + 18.0 * s, name[s]);
   }
+#undef V
 #undef X
 #undef Y
   fprintf(f, "</svg>\n");
@@ -869,7 +945,13 @@ int cmd_plan(int argc, char **argv)
   }
   plan_setup p;
   rc = setup(&c, &p);
+  if (!rc && plan_future_build(&p.t, &p.future)) {
+    fprintf(stderr, "kvtier plan: cannot index the workload's next uses for the offline optimum "
+                    "(out of memory, or more than %u block accesses)\n", PLAN_BELADY_MAX_ACCESSES);
+    rc = CLI_FAIL;
+  }
   if (!rc) rc = c.sweep ? run_sweep(&p, &c) : run_one(&p, c.json);
+  plan_future_free(p.future);
   plan_trace_free(&p.t);
   return rc;
 }

@@ -300,7 +300,8 @@ int rm_dec_step(rm_dec *d, uint32_t token, const float **logits) {
   if (!pb) return -ENOMEM;
   d->tokens[d->pos] = token;
   memcpy(d->x, m->tok_emb + (size_t)token * dim, dim * sizeof(float));
-  int rc = 0;
+  /* the budget counts the tail this step attends: pos + 1 tokens */
+  int rc = d->e ? kvt_seq_set_tokens(d->s, (uint64_t)d->pos + 1) : 0;
   for (uint32_t l = 0; l < (uint32_t)c->n_layers && !rc; l++) {
     float *kt = d->k_tail + ((size_t)l * d->bt + d->pos % d->bt) * kvd;
     float *vt = d->v_tail + ((size_t)l * d->bt + d->pos % d->bt) * kvd;
