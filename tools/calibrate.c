@@ -26,7 +26,7 @@ typedef struct cal_cfg {
   const char *traces[CAL_MAX_TRACES];
   uint32_t n_traces;
   const char *out, *budget_s, *scorers_s, *sens_out, *model, *scorer_s, *ratio_s;
-  uint64_t grid;
+  uint64_t grid, block_tokens;
   int pyramid, json;
 } cal_cfg;
 
@@ -57,7 +57,7 @@ typedef struct cal_run {
   trace_entry *ent;
 } cal_run;
 
-#define CAL_N_OPTS 11
+#define CAL_N_OPTS 12
 
 static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
   const cli_opt opts[CAL_N_OPTS] = {
@@ -73,11 +73,13 @@ static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
       {"--pyramid", NULL, CLI_FLAG, &c->pyramid, 0, 0,
        "write a PyramidKV profile instead: shares falling linearly with depth"},
       {"--scorer", "S", CLI_STR, &c->scorer_s, 0, 0,
-       "with --pyramid: the scorer of every layer (default sink-recent)"},
+       "with --pyramid: the scorer of every layer (default snapkv, as PyramidKV)"},
       {"--ratio", "R", CLI_STR, &c->ratio_s, 0, 0,
        "with --pyramid: last layer's share over the first's, (0, 1] (default 0.333)"},
       {"--model", "M", CLI_STR, &c->model, 0, 0,
        "with --pyramid: take the shape from this checkpoint instead of a trace"},
+      {"--block-tokens", "N", CLI_U64, &c->block_tokens, 1, 256,
+       "with --pyramid --model: tokens per block (default 16)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the summary as one JSON object"},
       {"--trace", "T", CLI_STR, NULL, 0, 0,
        "a full-cache trace (kvtier eval --policy full --dump-trace T); repeat for more"},
@@ -92,8 +94,8 @@ void calibrate_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier calibrate --trace T [--trace T2..] --budget F[,F..] -o PROFILE\n"
           "                        [--scorers LIST] [--grid N] [--sensitivity FILE] [--json]\n"
-          "       kvtier calibrate --pyramid (--trace T | --model M) --budget F[,F..]\n"
-          "                        -o PROFILE [--scorer S] [--ratio R]\n\n"
+          "       kvtier calibrate --pyramid (--trace T | --model M [--block-tokens N])\n"
+          "                        --budget F[,F..] -o PROFILE [--scorer S] [--ratio R]\n\n"
           "Chooses per layer a scorer and a budget share (docs/policy.md, \"Profiles\").\n"
           "Replays the traces' steps through engine sequences, one per (scorer, share),\n"
           "each layer observing the full-cache masses of the blocks it still retains,\n"
@@ -189,12 +191,14 @@ static int cal_check(cal_run *r) {
   if (rc != CLI_OK) return rc;
   if (c->pyramid) {
     if (!c->n_traces && !c->model) return usage_error("--pyramid needs --trace or --model", NULL);
+    if (c->block_tokens && (!c->model || (c->block_tokens & (c->block_tokens - 1))))
+      return usage_error("--block-tokens goes with --model, a power of two", NULL);
     if (c->sens_out || c->scorers_s || c->grid)
       return usage_error("--pyramid measures nothing: no --scorers, --grid or --sensitivity", NULL);
     return CLI_OK;
   }
-  if (c->scorer_s || c->ratio_s || c->model)
-    return usage_error("--scorer, --ratio and --model go with --pyramid", NULL);
+  if (c->scorer_s || c->ratio_s || c->model || c->block_tokens)
+    return usage_error("--scorer, --ratio, --model and --block-tokens go with --pyramid", NULL);
   if (!c->n_traces) return usage_error("at least one --trace is required", NULL);
   uint64_t n = c->grid ? c->grid : 40;
   r->cfg.grid = n;
@@ -519,9 +523,10 @@ static int cal_calibrate(cal_run *r, cal_choice *ch) {
 }
 
 static int cal_pyramid(cal_run *r, cal_choice *ch) {
-  uint32_t scorer = KVT_SCORER_SINK_RECENT;
-  if (r->cfg.scorer_s && (kvt_policy_parse(r->cfg.scorer_s, &scorer) || scorer == KVT_SCORER_FULL))
-    return usage_error("unknown --scorer (not full)", r->cfg.scorer_s);
+  uint32_t scorer = KVT_SCORER_SNAPKV;
+  if (r->cfg.scorer_s && (kvt_policy_parse(r->cfg.scorer_s, &scorer) || scorer == KVT_SCORER_FULL ||
+                          scorer == KVT_SCORER_AUTO))
+    return usage_error("unknown --scorer (not full or auto)", r->cfg.scorer_s);
   double ratio = 1.0 / 3;
   char *end = NULL;
   if (r->cfg.ratio_s && (ratio = strtod(r->cfg.ratio_s, &end), *end || !(ratio > 0 && ratio <= 1)))
@@ -531,7 +536,9 @@ static int cal_pyramid(cal_run *r, cal_choice *ch) {
     int rc = ref_load_model("calibrate", r->cfg.model, &m);
     if (rc != CLI_OK) return rc;
     r->h = (trace_hdr){.n_layers = (uint32_t)m.c.n_layers, .n_kv_heads = (uint32_t)m.c.n_kv_heads,
-                       .head_dim = m.head_dim, .block_tokens = REF_BLOCK_TOKENS};
+                       .head_dim = m.head_dim,
+                       .block_tokens = r->cfg.block_tokens ? (uint32_t)r->cfg.block_tokens
+                                                           : REF_BLOCK_TOKENS};
     snprintf(r->h.model, sizeof r->h.model, "%s", m.name);
     rm_model_free(&m);
   } else {
