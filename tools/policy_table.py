@@ -22,7 +22,7 @@ COLS = [("delta_nll", "delta_nll_se"), ("kl", None), ("top1", None),
 
 def rows_for(a, bt):
     """(label, extra eval arguments) of every row at block size bt."""
-    rows = [(s, ["--policy", s]) for s in UNIFORM]
+    rows = [(s, ["--policy", s]) for s in a.uniform.split(",") if s]
     by_bt = lambda spec: dict(x.split("=", 1) for x in spec.split(",")).get(str(bt)) if spec else None
     pyr, prof = by_bt(a.pyramid), by_bt(a.profile)
     if pyr:
@@ -35,6 +35,9 @@ def rows_for(a, bt):
             rows.append(("profile + learned",
                          ["--policy", "auto", "--profile", prof, "--predictor", a.predictor]))
     rows.append(("oracle (next 32 steps)", ["--policy", "oracle"]))
+    if a.only:
+        keep = a.only.split(",")
+        rows = [r for r in rows if any(r[0].startswith(k) for k in keep)]
     return rows
 
 
@@ -74,6 +77,8 @@ def main():
     ap.add_argument("--budgets", default="0.1,0.25,0.5")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json-out", help="also write every run's JSON here")
+    ap.add_argument("--only", help="rows whose label starts with one of these (comma-separated)")
+    ap.add_argument("--uniform", default=",".join(UNIFORM), help="uniform scorers to run")
     a = ap.parse_args()
     blocks = [int(x) for x in a.blocks.split(",")]
     budgets = [float(x) for x in a.budgets.split(",")]
