@@ -367,7 +367,7 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
     json_f64(&j, "slowest_step_vs_plain_attention", worst_max);
     json_end(&j);
   } else {
-    printf("\npolicy_vs_attention %.4f (the slowest scorer's mean step over one step's "
+    printf("\npolicy_vs_attention %.4f (the slowest scorer's median step over one step's "
            "attention), %.4f against the plain array's; its slowest step %.4f of the plain "
            "array's\n", worst, worst_plain, worst_max);
   }
