@@ -134,6 +134,43 @@ static void test_concentrated_gets_less(void **state) {
   tu_rmtree(dir);
 }
 
+/* --layer-weights: weighting the half-and-half layer 10 times and the
+ * spread one not at all moves the budget from the spread layer to it;
+ * a wrong count of weights is a usage error. */
+static void test_layer_weights(void **state) {
+  (void)state;
+  NEED_BIN();
+  char *dir = tu_tmpdir(), trace[2200], prof[2200], args[8192], err[4096];
+  snprintf(trace, sizeof trace, "%s/t.trace", dir);
+  snprintf(prof, sizeof prof, "%s/p.json", dir);
+  write_trace(trace, 1.0);
+  snprintf(args, sizeof args,
+           "calibrate --trace %s --budget 0.25 --grid 20 --layer-weights 1,0,10 -o %s", trace,
+           prof);
+  int rc = run(args, err, sizeof err);
+  if (rc) fail_msg("calibrate exited %d: %s", rc, err);
+  kvt_options o;
+  tu_opts(&o);
+  char *edir = tu_tmpdir();
+  kvt_engine *e = tu_open(edir, &o);
+  kvt_shape sh = {S_LAYERS, 1, 8, KVT_F32, S_BT};
+  size_t len;
+  const char *text = read_all(prof, &len);
+  kvt_profile *p = NULL;
+  assert_int_equal(kvt_profile_parse(e, &sh, text, len, &p), 0);
+  print_message("weighted shares %.4f %.4f %.4f\n", p->layers[0].share, p->layers[1].share,
+                p->layers[2].share);
+  assert_true(p->layers[2].share > p->layers[1].share); /* unweighted: 0.05 against 0.65 */
+  kvt_profile_free(p);
+  kvt_engine_close(e);
+  tu_rmtree(edir);
+  snprintf(args, sizeof args,
+           "calibrate --trace %s --budget 0.25 --grid 20 --layer-weights 1,0 -o %s", trace, prof);
+  assert_int_equal(run(args, err, sizeof err), 2);
+  assert_non_null(strstr(err, "fewer weights"));
+  tu_rmtree(dir);
+}
+
 static void test_refuses_unusable_traces(void **state) {
   (void)state;
   NEED_BIN();
@@ -158,6 +195,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_concentrated_gets_less),
       cmocka_unit_test(test_refuses_unusable_traces),
+      cmocka_unit_test(test_layer_weights),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   return rc ? rc : g_skipped ? 77 : 0;

@@ -25,7 +25,7 @@
 typedef struct cal_cfg {
   const char *traces[CAL_MAX_TRACES];
   uint32_t n_traces;
-  const char *out, *budget_s, *scorers_s, *sens_out, *model, *scorer_s, *ratio_s;
+  const char *out, *budget_s, *scorers_s, *sens_out, *model, *scorer_s, *ratio_s, *weights_s;
   uint64_t grid, block_tokens;
   int pyramid, json;
 } cal_cfg;
@@ -49,6 +49,7 @@ typedef struct cal_run {
   cal_run_cfg *cfgs;
   uint32_t n_cfgs;
   double *lost, *steps;       /* [layer][scorer][g] sums and counts */
+  double *weighted;           /* lost, times --layer-weights */
   uint64_t sequences, records;
   uint32_t next_token;        /* dummy tokens: never repeat, so nothing is adopted */
   uint32_t *blocks_put;       /* per cfg: token blocks appended so far */
@@ -57,7 +58,7 @@ typedef struct cal_run {
   trace_entry *ent;
 } cal_run;
 
-#define CAL_N_OPTS 12
+#define CAL_N_OPTS 13
 
 static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
   const cli_opt opts[CAL_N_OPTS] = {
@@ -70,6 +71,8 @@ static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
        "budget shares measured per layer: 1/N, 2/N, .., 1 (default 40)"},
       {"--sensitivity", "FILE", CLI_STR, &c->sens_out, 0, 0,
        "write the measured lost mass per (layer, scorer, share) as JSON"},
+      {"--layer-weights", "W,..", CLI_STR, &c->weights_s, 0, 0,
+       "weigh each layer's lost mass (e.g. its delta NLL per unit of lost mass; default 1)"},
       {"--pyramid", NULL, CLI_FLAG, &c->pyramid, 0, 0,
        "write a PyramidKV profile instead: shares falling linearly with depth"},
       {"--scorer", "S", CLI_STR, &c->scorer_s, 0, 0,
@@ -93,7 +96,8 @@ void calibrate_usage(FILE *f) {
   cal_opts(&c, o);
   fprintf(f,
           "usage: kvtier calibrate --trace T [--trace T2..] --budget F[,F..] -o PROFILE\n"
-          "                        [--scorers LIST] [--grid N] [--sensitivity FILE] [--json]\n"
+          "                        [--scorers LIST] [--grid N] [--sensitivity FILE]\n"
+          "                        [--layer-weights W,..] [--json]\n"
           "       kvtier calibrate --pyramid (--trace T | --model M [--block-tokens N])\n"
           "                        --budget F[,F..] -o PROFILE [--scorer S] [--ratio R]\n\n"
           "Chooses per layer a scorer and a budget share (docs/policy.md, \"Profiles\").\n"
@@ -193,8 +197,9 @@ static int cal_check(cal_run *r) {
     if (!c->n_traces && !c->model) return usage_error("--pyramid needs --trace or --model", NULL);
     if (c->block_tokens && (!c->model || (c->block_tokens & (c->block_tokens - 1))))
       return usage_error("--block-tokens goes with --model, a power of two", NULL);
-    if (c->sens_out || c->scorers_s || c->grid)
-      return usage_error("--pyramid measures nothing: no --scorers, --grid or --sensitivity", NULL);
+    if (c->sens_out || c->scorers_s || c->grid || c->weights_s)
+      return usage_error("--pyramid measures nothing: no --scorers, --grid, --sensitivity or "
+                         "--layer-weights", NULL);
     return CLI_OK;
   }
   if (c->scorer_s || c->ratio_s || c->model || c->block_tokens)
@@ -505,9 +510,39 @@ static void print_summary(const cal_run *r, const cal_choice *ch, uint32_t n) {
   }
 }
 
+/* --layer-weights: one non-negative weight per layer, applied to the
+ * measured losses before the allocation (the written sensitivity stays
+ * unweighted: it is taken after). */
+static int apply_weights(cal_run *r) {
+  if (!r->cfg.weights_s) return CLI_OK;
+  const char *p = r->cfg.weights_s;
+  for (uint32_t l = 0; l < r->h.n_layers; l++) {
+    char *end;
+    double w = strtod(p, &end);
+    if (end == p || !(w >= 0) || !isfinite(w) || (*end && *end != ','))
+      return usage_error("--layer-weights takes one weight >= 0 per layer, comma-separated",
+                         r->cfg.weights_s);
+    for (size_t i = 0; i < (size_t)r->n_scorers * r->cfg.grid; i++)
+      r->weighted[(size_t)l * r->n_scorers * r->cfg.grid + i] *= w;
+    p = *end ? end + 1 : end;
+    if (!*end && l + 1 < r->h.n_layers)
+      return usage_error("--layer-weights has fewer weights than layers", r->cfg.weights_s);
+  }
+  return *p ? usage_error("--layer-weights has more weights than layers", r->cfg.weights_s)
+            : CLI_OK;
+}
+
 static int cal_calibrate(cal_run *r, cal_choice *ch) {
+  size_t cells = (size_t)r->h.n_layers * r->n_scorers * r->cfg.grid;
+  if (!(r->weighted = malloc(cells * sizeof *r->weighted)))
+    return cli_lib_error("calibrate", "allocating", -ENOMEM);
+  memcpy(r->weighted, r->lost, cells * sizeof *r->weighted);
+  int wrc = apply_weights(r);
+  if (wrc != CLI_OK) return wrc;
   calib_table t = {.n_layers = r->h.n_layers, .n_scorers = r->n_scorers,
-                   .n_grid = (uint32_t)r->cfg.grid, .grid = r->grid, .loss = r->lost};
+                   .n_grid = (uint32_t)r->cfg.grid, .grid = r->grid, .loss = r->weighted};
+  calib_table raw = t;
+  raw.loss = r->lost;
   for (uint32_t i = 0; i < r->n_budgets; i++) {
     uint32_t pick[CALIB_MAX_LAYERS];
     ch[i].budget = r->budgets[i];
@@ -516,7 +551,7 @@ static int cal_calibrate(cal_run *r, cal_choice *ch) {
     ch[i].lost = 0;
     for (uint32_t l = 0; l < r->h.n_layers; l++) {
       ch[i].scorer[l] = r->scorers[pick[l]];
-      ch[i].lost += calib_loss_at(&t, l, pick[l], ch[i].share[l]) / r->h.n_layers;
+      ch[i].lost += calib_loss_at(&raw, l, pick[l], ch[i].share[l]) / r->h.n_layers;
     }
   }
   return CLI_OK;
@@ -563,6 +598,7 @@ static void cal_free(cal_run *r) {
   free(r->cfgs);
   free(r->blocks_put);
   free(r->lost);
+  free(r->weighted);
   free(r->steps);
   free(r->kv_zero);
   free(r->mass);
