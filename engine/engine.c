@@ -177,6 +177,7 @@ int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **o
   kvt_mem_pool_cap(&e->mem, o.tier_bytes_limit[KVT_TIER_HOT] / 8 < (64u << 20)
                                 ? o.tier_bytes_limit[KVT_TIER_HOT] / 8 : (64u << 20));
   e->lock_fd = -1;
+  e->event_fd = -1;
   kvt_err_table_init(&e->err);
   e->seqs.next = e->seqs.prev = &e->seqs;
   e->loads.next = e->loads.prev = &e->loads;
@@ -255,6 +256,7 @@ void kvt_engine_close(kvt_engine *e) {
   pthread_mutex_unlock(&e->lock);
   pthread_mutex_destroy(&e->lock);
   kvt_io_dir_close(e->lock_fd);
+  kvt_io_event_close(e->event_fd); /* after the cold tier's readers stopped */
   kvt_err_table_fini(&e->err);
   free(e->buckets);
   free(e->ns);

@@ -52,6 +52,7 @@ static void meta_consider(kvt_engine *e, kvt_tblk *tb) {
   if (kvt_cold_meta_write(e->mcold, &tb->key, &tb->parent, rec) == 0) {
     tb->cold = 1;
     e->st.cold_written++;
+    kvt_event_signal(e);
   }
 }
 
@@ -181,6 +182,7 @@ static void group_settled(void *arg, size_t from, size_t to, int rc) {
   int last = batch_less(fb, to - from);
   pthread_cond_broadcast(&e->flushed);
   pthread_mutex_unlock(&e->lock);
+  kvt_event_signal(e); /* watermarks moved, or errors to report */
   if (last) free(fb);
 }
 
@@ -216,6 +218,7 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
   int last = fb && batch_less(fb, n - posted + 1);
   pthread_cond_broadcast(&e->flushed);
   pthread_mutex_unlock(&e->lock);
+  if (posted < n) kvt_event_signal(e); /* blocks failed here */
   if (last || !fb) free(fb);
 }
 
@@ -255,6 +258,7 @@ static void *flusher_main(void *arg) {
     for (size_t i = 0; i < n; i++) block_done(e, g[i], rc);
     if (!e->cold_err) e->cold_err = rc;
     pthread_cond_broadcast(&e->flushed);
+    kvt_event_signal(e);
   }
   pthread_mutex_unlock(&e->lock);
   kvt_cold_drain(e->cold); /* what was handed over settles before the tier closes */
@@ -339,6 +343,7 @@ int kvt_cold_start(kvt_engine *e, const char *dir) {
   kvt_cold_config cfg;
   cold_config(e, dir, &cfg);
   int rc = kvt_cold_open(&e->mem, &cfg, &e->cold);
+  if (!rc) kvt_cold_set_read_notify(e->cold, kvt_event_notify, e); /* loads: kvt_event_fd */
   if (rc || kvt_rdonly(e)) return rc;
   kvt_cold_set_keep(e->cold, keep_block, e);
   kvt_cold_set_lost(e->cold, lost_block);

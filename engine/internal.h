@@ -81,6 +81,8 @@ struct kvt_seq {
   kvt_policy pol;             /* retention policy, defaults resolved (policy.c) */
   kvt_lpol *lp;               /* [n_layers] per-layer scorer and share; NULL: "full" */
   uint64_t n_tokens;          /* length incl. the caller's tail (kvt_seq_set_tokens) */
+  kvt_lblk **pin;             /* [pin_cap]: the n_pin blocks of its request pin (serve.c) */
+  size_t n_pin, pin_cap;
 };
 
 struct kvt_load {
@@ -127,6 +129,8 @@ struct kvt_engine {
   /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
   kvt_cold_meta *mcold;
   kvt_err_table err;          /* detail of failed calls, per thread (errinfo.c) */
+  int event_fd;               /* kvt_event_fd(), -1 until asked for (atomic) */
+  uint64_t pinned_hot;        /* cost of hot blocks under request pins (serve.c) */
 };
 
 /* Record the detail of a failing call on e for this thread; evaluates to code. */
@@ -215,6 +219,12 @@ void kvt_load_free_locked(kvt_load *ld);
  * of stride bytes per (block, layer) (reset when the stride changes).
  * Without the lock; a failure leaves s as it was. 0, KVT_ELIMIT, -ENOMEM. */
 int kvt_seq_resize(kvt_seq *s, uint32_t cap, uint32_t stride);
+
+/* serve.c: tell kvt_event_fd()'s reader to look (any thread, locked or
+ * not); let go of the request pin of s (with the lock held). */
+void kvt_event_signal(kvt_engine *e);
+void kvt_event_notify(void *engine); /* the cold tier's read-batch hook */
+void kvt_seq_unpin_locked(kvt_seq *s);
 
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's
  * budget, lowest scored first. With the lock held. */

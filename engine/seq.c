@@ -161,6 +161,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
 
 void kvt_seq_free_locked(kvt_seq *s) {
   kvt_engine *e = s->e;
+  kvt_seq_unpin_locked(s);
   uint32_t L = s->ns->desc.shape.n_layers;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     for (uint32_t l = 0; l < L; l++) {
@@ -280,6 +281,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   tb->seq_refs++;
   s->tb[b] = tb;
   uint32_t present = 0;
+  uint64_t mask[KVT_MAX_LAYERS / 64] = {0};
   for (uint32_t l = 0; l < L; l++) {
     kvt_lblk *lb = tb->layers[l];
     s->lb[(size_t)b * L + l] = lb;
@@ -288,6 +290,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
       if (lb->tier != KVT_TIER_COLD) {
         kvt_tier_lru_touch(&e->tier[lb->tier], lb);
         present++;
+        mask[l / 64] |= 1ull << (l % 64);
       }
     }
   }
@@ -304,6 +307,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
     info->key = key;
     info->durable = (uint32_t)durable;
     info->pad = 0;
+    memcpy(info->layers_mask, mask, sizeof mask);
   }
   return 0;
 }
@@ -737,6 +741,7 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
   if (kvt_meta_only(e)) return KVT_ENOPAYLOAD;
   kvt_load *ld = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, sizeof *ld);
   kvt_lblk **blk = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, n * sizeof *blk);
+  int rc;
   if (!ld || !blk) {
     kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld, sizeof *ld);
     kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, n * sizeof *blk);
@@ -775,7 +780,9 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
   ns->n_loads++;
   pthread_mutex_unlock(&e->lock);
   *out = ld;
-  return load_cold_submit(e, ld);
+  rc = load_cold_submit(e, ld);
+  if (!ld->cb) kvt_event_signal(e); /* nothing to wait for: complete now */
+  return rc;
 }
 
 int kvt_load_wait(kvt_load *ld, size_t *n_ok) {

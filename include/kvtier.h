@@ -19,7 +19,8 @@
  *  - reference: a sequence that holds a layer block keeps it alive; it is
  *    never dropped while referenced.
  *  - pin: held by the library itself while it copies a payload outside its
- *    lock; a pinned block cannot change tier or be freed.
+ *    lock, or by a request for a step (kvt_seq_pin()); a pinned block
+ *    cannot change tier or be freed.
  *  - retained: the blocks of (sequence, layer) that attention runs over:
  *    every referenced block in RAM, less what the sequence's policy
  *    evicted from that layer (see the policy group).
@@ -305,7 +306,16 @@ typedef struct kvt_append_info {
   uint32_t durable;        /**< 1: the block is in the cold tier (all layers): its
                                 layers can be loaded, and puts add RAM copies only */
   uint32_t pad;
+  uint64_t layers_mask[KVT_MAX_LAYERS / 64]; /**< which layers layers_present counts:
+                                layer l is present iff bit l % 64 of layers_mask[l / 64]
+                                is set (KVT_LAYER_PRESENT); bits of layers at or past the
+                                namespace's n_layers are 0. Added after pad: callers built
+                                against a header without it must be rebuilt. */
 } kvt_append_info;
+
+/** 1 when layer l (< KVT_MAX_LAYERS) is set in info->layers_mask, else 0. */
+#define KVT_LAYER_PRESENT(info, l) \
+  ((unsigned)(((info)->layers_mask[(l) / 64u] >> ((l) % 64u)) & 1u))
 
 /** One token block found by kvt_lookup(). */
 typedef struct kvt_lookup_entry {
@@ -440,10 +450,12 @@ void kvt_engine_close(kvt_engine *e);
  * @return 0; KVT_ENULL; KVT_ERDONLY; the first error the cold tier met
  *   since the last kvt_sync() (-EIO, -ENOSPC, KVT_EFULL...): the blocks it
  *   could not write stay in RAM, not durable, and nothing durable is lost.
- *   Such an error is returned again by every kvt_sync() while a block it
- *   kept from the cold tier is referenced by a sequence and not durable
- *   (kvt_seq_durable() stops before it); 0 again once it is durable or
- *   released. KVT_ENOTDURABLE, likewise: a complete, admitted block some
+ *   Such an error (KVT_EFULL too: a cold tier full of referenced blocks)
+ *   is returned again by every kvt_sync() while a block it kept from the
+ *   cold tier is referenced by a sequence and not durable
+ *   (kvt_seq_durable() stops before it; kvt_seq_durable_error() names it
+ *   to every sequence that holds the block); 0 again once it is durable
+ *   or released. KVT_ENOTDURABLE, likewise: a complete, admitted block some
  *   sequence references reached RAM only in quantized form, so there is no
  *   exact copy to write (the hot tier is below one layer block, so puts
  *   are born warm, or cannot hold all layers of a token block, so layers
@@ -654,6 +666,45 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id ns, kvt_load_req *reqs, size_t n, k
  *   in request order. */
 int kvt_load_wait(kvt_load *ld, size_t *n_ok);
 
+/** kvt_load_wait() without waiting for the device: when every cold read
+ * of the batch has finished, complete it exactly as kvt_load_wait() does
+ * (copy the blocks that were in RAM, fill every status, free the batch)
+ * and return what it returns; otherwise return KVT_EBUSY and change
+ * nothing (ld stays valid: poll again, or kvt_load_wait()). A batch
+ * whose blocks were all in RAM is complete from kvt_load_submit() on.
+ * The completion itself copies (and dequantizes warm blocks) on the
+ * calling thread; it blocks on the device only for requests whose reads
+ * could not be submitted (out of memory at submit), which it reads then.
+ * Like a sequence, one batch must not be polled or waited for from two
+ * threads at once; different batches may. Use kvt_event_fd() to learn
+ * when polling is worth it.
+ * @param n_ok may be NULL; as kvt_load_wait() (left as it was on KVT_EBUSY).
+ * @return KVT_EBUSY (not done; ld still valid); KVT_ENULL; else as
+ *   kvt_load_wait() (ld freed). */
+int kvt_load_poll(kvt_load *ld, size_t *n_ok);
+
+/** A file descriptor for event loops (poll, epoll, select; asyncio's
+ * loop.add_reader): an eventfd(2) that becomes readable when a load
+ * batch of e becomes complete (its cold reads finished, or at
+ * kvt_load_submit() when it needs none; kvt_load_poll() then does not
+ * return KVT_EBUSY) and when the flusher settled a group of token blocks
+ * for the cold tier (written and durable, or failed), so a durable
+ * watermark (kvt_seq_durable()) or a durability error
+ * (kvt_seq_durable_error(), kvt_sync()) may have changed (metadata-only:
+ * when a block enters the in-memory cold tier).
+ * Level-triggered: readable while its 8-byte counter is not zero; each
+ * event adds to it. The caller clears it by read(2)ing 8 bytes (it is
+ * non-blocking: the read fails with EAGAIN when it is zero). To lose no
+ * wakeup, clear it first, then poll every pending batch and look at the
+ * watermarks, then wait again. Events coalesce and may be spurious (another thread's
+ * batch, a group of another sequence): it says when to look, not what
+ * changed. One reader per engine (one event loop): two threads reading
+ * it would take each other's counts. The fd is created on the first call
+ * (close-on-exec), every later call returns the same one; the engine owns
+ * it: do not close it; kvt_engine_close() does. Thread-safe.
+ * @return the fd (>= 0); KVT_ENULL; -errno from eventfd(2) (-EMFILE...). */
+int kvt_event_fd(kvt_engine *e);
+
 /** @} */
 
 /** @defgroup seq Sequences
@@ -677,8 +728,51 @@ void kvt_seq_release(kvt_seq *s);
 uint32_t kvt_seq_blocks(const kvt_seq *s);
 
 /** The durable watermark: how many leading token blocks of s are durable
- * (in the cold tier, every layer). 0 without a cold tier. */
+ * (in the cold tier, every layer). 0 without a cold tier. It carries no
+ * error: kvt_seq_durable_error() says what stops it. */
 uint32_t kvt_seq_durable(const kvt_seq *s);
+
+/** The durable watermark of s and the first error that stopped a block of
+ * s from becoming durable. Blocks of s go to the cold tier on their own
+ * (complete in every layer and admitted); when the cold tier fails one
+ * (-EIO, -ENOSPC, KVT_EFULL: the tier is full of blocks still
+ * referenced; KVT_ENOTDURABLE: it reached RAM only quantized, see
+ * kvt_sync()), the error stays with the token block while it is not
+ * durable: every call on every sequence that holds it reports it, until
+ * the block becomes durable (written again: a later append of it admits
+ * it again when its exact layers are in RAM) or s is released. Other
+ * sequences' kvt_sync() calls do not consume it. Blocks after the failing
+ * one may be durable already; *n_durable counts only the leading ones.
+ * @param n_durable may be NULL; receives kvt_seq_durable(s).
+ * @return 0 (nothing failed: blocks not durable yet are on their way or
+ *   not admitted); KVT_ENULL; else the error of the first block of s, in
+ *   block order, that is not durable and whose last way to the cold tier
+ *   failed. 0 without a cold tier. */
+int kvt_seq_durable_error(const kvt_seq *s, uint32_t *n_durable);
+
+/** Pin the retained blocks of s at their current precision, for one step
+ * of a request: until kvt_seq_unpin() (or kvt_seq_release()), every
+ * layer block s retains in RAM now stays where it is: a hot block is
+ * neither demoted to warm nor let go to the cold tier, a warm block does
+ * not leave RAM; other sequences' puts make room from unpinned blocks
+ * only (they get KVT_EFULL when nothing else can move). So attention and
+ * gathers of s see the same bytes all step. Blocks s appends, adopts or
+ * puts after the call are not pinned: call kvt_seq_pin() again to take
+ * them in (the pin is then the blocks retained at the last call). Blocks
+ * shared with other sequences are pinned once whoever pins them.
+ * Bound: the hot bytes pinned by every sequence of the engine together
+ * must leave room in the hot tier for one token block of s's namespace
+ * (every layer), so other requests can still put; a pin that would go
+ * past it is refused and changes nothing (a previous pin of s stays).
+ * A fork does not inherit the pin.
+ * @return 0; KVT_ENULL; KVT_ELIMIT (the bound above; kvt_last_error()
+ *   says how many bytes were asked and allowed); -ENOMEM. */
+int kvt_seq_pin(kvt_seq *s);
+
+/** Let go of the pin of s (kvt_seq_pin()); its blocks may be demoted or
+ * leave RAM again. Nothing to do when s is not pinned.
+ * @return 0; KVT_ENULL. */
+int kvt_seq_unpin(kvt_seq *s);
 
 /** Say what kvt_seq_append() adds to s from now on: output the model
  * generated (on = 1) or prompt (on = 0, where a new sequence starts; a

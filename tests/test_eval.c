@@ -236,6 +236,40 @@ static void test_bench_refmodel_runs(void **state) {
   assert_int_not_equal(run("bench refmodel", out, sizeof out), 0);
 }
 
+/* Byte budgets as eval reports them: on a whole 512-token sequence the
+ * mean kept fraction stays within 0.005 of the budget whenever no
+ * position is over it; with 16-token blocks at 0.1 a sink and the tail
+ * alone exceed the budget early on, and those positions are counted. */
+static void test_budget_kept_fraction(void **state) {
+  (void)state;
+  NEED_ALL();
+  static char out[65536];
+  char args[8192];
+  const char *pol[] = {"recent", "snapkv", "tova", "h2o", "oracle"};
+  const double bud[] = {0.25, 0.5};
+  for (size_t i = 0; i < sizeof pol / sizeof pol[0]; i++)
+    for (size_t j = 0; j < 2; j++) {
+      snprintf(args, sizeof args, "eval --model %s --sequences 1 --policy %s --budget %g --json",
+               model, pol[i], bud[j]);
+      assert_int_equal(run(args, out, sizeof out), 0);
+      double kept = json_num(out, "kept_fraction"), tok = json_num(out, "kept_tokens_fraction");
+      double over = json_num(out, "positions_over_budget");
+      if (over == 0 && kept > bud[j] + 0.005)
+        fail_msg("%s at %g keeps %g of the cache's bytes", pol[i], bud[j], kept);
+      assert_true(kept > bud[j] / 2);  /* it keeps what it may, not nothing */
+      assert_true(fabs(tok - kept) < 1e-9); /* hot only: bytes and tokens agree */
+      double miss = json_num(out, "missed_mass"), next = json_num(out, "missed_mass_next32");
+      assert_true(miss > 0 && miss < 1 && next > 0 && next < 1);
+    }
+  snprintf(args, sizeof args,
+           "eval --model %s --sequences 1 --policy sink-recent --budget 0.1 --json", model);
+  assert_int_equal(run(args, out, sizeof out), 0);
+  assert_true(json_num(out, "positions_over_budget") > 0);
+  /* a full cache misses nothing and keeps everything */
+  snprintf(args, sizeof args, "eval --model %s --sequences 1 --len 100 --json", model);
+  assert_int_equal(run(args, out, sizeof out), 0);
+  assert_true(json_num(out, "kept_fraction") == 1 && json_num(out, "missed_mass") == 0);
+}
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -245,6 +279,7 @@ int main(void) {
       cmocka_unit_test(test_input),
       cmocka_unit_test(test_bad_command_lines),
       cmocka_unit_test(test_bench_refmodel_runs),
+      cmocka_unit_test(test_budget_kept_fraction),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   return rc ? rc : g_skipped ? 77 : 0;

@@ -124,6 +124,8 @@ struct kvt_cold {
   pthread_mutex_t ev_lock;     /* ev; taken alone, never with another lock */
   uint64_t ev_evictions;       /* blocks invalidated by the order */
   int ev_on;                   /* ev_lock initialized */
+  void (*read_notify)(void *arg); /* a read batch finished (kvt_cold_set_read_notify) */
+  void *read_notify_arg;
 };
 
 static int evict_start(kvt_cold *c);
@@ -2386,14 +2388,33 @@ struct kvt_cold_batch {
   pthread_mutex_t m;
   pthread_cond_t cv;
   size_t pending;
+  void (*notify)(void *arg);   /* told once pending reaches 0 (the tier's read_notify) */
+  void *notify_arg;
 };
 
 static void read_done(kvt_cold_read *r, int status) {
   kvt_cold_batch *b = r->batch;
+  void (*notify)(void *) = b->notify; /* b may be freed once pending is 0 */
+  void *arg = b->notify_arg;
   r->status = status;
   pthread_mutex_lock(&b->m);
-  if (--b->pending == 0) pthread_cond_signal(&b->cv);
+  int last = --b->pending == 0;
+  if (last) pthread_cond_signal(&b->cv);
   pthread_mutex_unlock(&b->m);
+  if (last && notify) notify(arg);
+}
+
+void kvt_cold_set_read_notify(kvt_cold *c, void (*notify)(void *arg), void *arg) {
+  c->read_notify = notify;
+  c->read_notify_arg = arg;
+}
+
+int kvt_cold_read_done(kvt_cold_batch *b) {
+  if (!b) return 1;
+  pthread_mutex_lock(&b->m);
+  int done = b->pending == 0;
+  pthread_mutex_unlock(&b->m);
+  return done;
 }
 
 /* The reader serves requests in spans: small slices that follow each
@@ -2755,6 +2776,8 @@ int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_ba
   pthread_mutex_init(&b->m, NULL);
   pthread_cond_init(&b->cv, NULL);
   b->pending = n;
+  b->notify = c->read_notify;
+  b->notify_arg = c->read_notify_arg;
   for (size_t i = 0; i < n; i++) {
     reqs[i].batch = b;
     reqs[i].status = 1; /* pending */

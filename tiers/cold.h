@@ -195,6 +195,14 @@ typedef struct kvt_cold_read {
 } kvt_cold_read;
 int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out);
 void kvt_cold_read_wait(kvt_cold_batch *b); /* frees b */
+/* Has every read of b finished (kvt_cold_read_wait() would not wait)?
+ * 1 for NULL. Does not free b. Any thread. */
+int kvt_cold_read_done(kvt_cold_batch *b);
+/* notify(arg) is called on a reader thread, with no cold-tier lock held,
+ * each time a batch submitted after this call has finished its last read
+ * (kvt_cold_read_wait() may already have freed the batch). Set before any
+ * read is submitted. */
+void kvt_cold_set_read_notify(kvt_cold *c, void (*notify)(void *arg), void *arg);
 
 /* Remove key from the index (a failed check, a drop). 0 or KVT_ENOTFOUND. */
 int kvt_cold_remove(kvt_cold *c, const kvt_key *key);

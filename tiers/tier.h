@@ -34,6 +34,7 @@ typedef struct kvt_lblk {
   uint32_t refs;                /* sequences referencing it */
   uint32_t pins;                /* copies in progress outside the lock */
   uint32_t k_len;               /* warm: encoded K bytes; V follows */
+  uint32_t rpins;               /* request pins (kvt_seq_pin), each also one of pins */
   /* Fixed while the block is pinned: read by pinning threads without the
    * lock. These bytes share no aligned word with the ones below: the
    * compiler may turn `tier != WARM || checked` into one masked load of a
