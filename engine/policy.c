@@ -190,7 +190,9 @@ static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
   for (uint32_t i = 0; i < n; i++)
     if (evictable(s, pb[i].block, layer))
       cd[m++] = (cand){.score = isnan(score[i]) ? -INFINITY : score[i], .block = pb[i].block};
-  if (m) qsort(cd, m, sizeof *cd, cand_cmp);
+  /* qsort wants a base even for 0 elements: the scratch is NULL until the
+   * sequence has a block */
+  if (m > 1) qsort(cd, m, sizeof *cd, cand_cmp);
   return m;
 }
 

@@ -939,12 +939,13 @@ void bench_usage(FILE *f)
   bench_codec_usage(f);
   bench_cold_usage(f);
   bench_refmodel_usage(f);
+  bench_policy_usage(f);
 }
 
 int cmd_bench(int argc, char **argv)
 {
   if (argc < 2) {
-    fprintf(stderr, "kvtier bench: which benchmark? 'share', 'hot', 'codec', 'cold' or 'refmodel' (kvtier "
+    fprintf(stderr, "kvtier bench: which benchmark? 'share', 'hot', 'codec', 'cold', 'refmodel' or 'policy' (kvtier "
             "help bench)\n");
     return CLI_USAGE;
   }
@@ -957,7 +958,8 @@ int cmd_bench(int argc, char **argv)
   if (strcmp(argv[1], "codec") == 0) return bench_codec(argc - 2, argv + 2);
   if (strcmp(argv[1], "cold") == 0) return bench_cold(argc - 2, argv + 2);
   if (strcmp(argv[1], "refmodel") == 0) return bench_refmodel(argc - 2, argv + 2);
+  if (strcmp(argv[1], "policy") == 0) return bench_policy(argc - 2, argv + 2);
   fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share', 'hot', 'codec', "
-          "'cold' and 'refmodel'\n", argv[1]);
+          "'cold', 'refmodel' and 'policy'\n", argv[1]);
   return CLI_USAGE;
 }

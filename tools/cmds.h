@@ -16,6 +16,8 @@ int bench_cold(int argc, char **argv); /* bench_cold.c: `kvtier bench cold` */
 void bench_cold_usage(FILE *f);       /* its part of bench_usage() */
 int bench_refmodel(int argc, char **argv); /* bench_refmodel.c: `kvtier bench refmodel` */
 void bench_refmodel_usage(FILE *f);   /* its part of bench_usage() */
+int bench_policy(int argc, char **argv); /* bench_policy.c: `kvtier bench policy` */
+void bench_policy_usage(FILE *f);     /* its part of bench_usage() */
 int cmd_warm(int argc, char **argv);  /* warm.c */
 void warm_usage(FILE *f);
 int cmd_eval(int argc, char **argv);  /* eval.c */
@@ -30,5 +32,7 @@ int cmd_fsck(int argc, char **argv);  /* stat.c */
 void fsck_usage(FILE *f);
 int cmd_import(int argc, char **argv); /* import.c */
 void import_usage(FILE *f);
+int cmd_calibrate(int argc, char **argv); /* calibrate.c */
+void calibrate_usage(FILE *f);
 
 #endif

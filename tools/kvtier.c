@@ -35,6 +35,8 @@ static const command commands[] = {
      "the reference model's loss with a policy, budget or codec against the full cache"},
     {"train", cmd_train, train_usage,
      "fit the learned scorer's predictor to full-cache attention traces"},
+    {"calibrate", cmd_calibrate, calibrate_usage,
+     "a per-layer policy profile (scorer and budget share) from attention traces"},
     {"stat", cmd_stat, stat_usage,
      "what a store holds: namespaces, tiers, cold segments (read-only, beside a writer)"},
     {"fsck", cmd_fsck, fsck_usage,
