@@ -21,6 +21,7 @@ from .engine import (ALL_LAYERS, BF16, F16, F32, OPEN_METADATA_ONLY, OPEN_NOCREA
                      OPEN_VERIFY_DEDUP, SCORERS, TIER_COLD, TIER_HOT, TIER_NONE, TIER_WARM,
                      AppendInfo, Attention, BlockInfo, Engine, Load, LoadResult, Lookup,
                      LookupEntry, Namespace, Sequence)
+from .importkv import ImportResult, import_safetensors, read_safetensors
 from .errors import (CorruptError, FullError, KvtierError, LockedError, NotFoundError,
                      NotResidentError, ShapeError)
 
@@ -31,5 +32,5 @@ __all__ = [
     "AppendInfo", "Attention", "BlockInfo", "Engine", "Load", "LoadResult", "Lookup",
     "LookupEntry", "Namespace", "Sequence", "CorruptError", "FullError", "KvtierError",
     "LockedError", "NotFoundError", "NotResidentError", "ShapeError", "errors",
-    "library_path", "strerror",
+    "library_path", "strerror", "ImportResult", "import_safetensors", "read_safetensors",
 ]

@@ -490,6 +490,29 @@ class Load(_Handle):
         self._finish(rc, check, "kvt_load_poll")
         return True
 
+    async def wait_async(self, check: bool = True) -> List[LoadResult]:
+        """wait() for asyncio: never blocks the event loop. Clears the
+        engine's event fd (Engine.event_fd), polls, and if not done waits
+        for the fd to become readable (loop.add_reader), then again. One
+        event loop per engine reads the fd."""
+        import asyncio
+        import os
+        loop = asyncio.get_running_loop()
+        fd = self.engine.event_fd()
+        while True:
+            try:
+                os.read(fd, 8)  # clear first: a completion after this wakes us
+            except BlockingIOError:
+                pass
+            if self.poll(check):
+                return self.results  # type: ignore[return-value]
+            fut = loop.create_future()
+            loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+            try:
+                await fut
+            finally:
+                loop.remove_reader(fd)
+
     def wait(self, check: bool = True) -> List[LoadResult]:
         """kvt_load_wait(): copy, unpin and free the batch. Returns each
         request's (status, tier); with check, raises the first failing

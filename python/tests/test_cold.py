@@ -89,3 +89,18 @@ def test_load_dropped_unwaited_is_completed(cold_dir):
         del ld  # the finalizer waits: the pins are released
         assert e.stats()["cold_reads"] == 1 and k.tobytes() == kv[2, 1][0].tobytes()
         ns.drop()  # would be KVT_EBUSY while the load were pending
+
+
+def test_load_wait_async_on_the_event_fd(cold_dir):
+    import asyncio
+    kv = store_prefix(cold_dir)
+    with open_cold(cold_dir) as e:
+        ns = make_ns(e, layers=2)
+        hit = ns.lookup(TOKENS)
+        outs = {(b, l): (ns.empty_block(), ns.empty_block()) for b in range(4) for l in range(2)}
+        ld = ns.load([(hit.entries[b].key, l, *outs[b, l]) for b in range(4) for l in range(2)])
+        res = asyncio.run(ld.wait_async())
+        assert [r.status for r in res] == [0] * 8
+        for key, (k, v) in outs.items():
+            assert k.tobytes() == kv[key][0].tobytes() and v.tobytes() == kv[key][1].tobytes()
+        assert e.event_fd() >= 0 and e.event_fd() == e.event_fd()
