@@ -171,8 +171,8 @@ static int cand_cmp(const void *a, const void *b) {
   return (x->block > y->block) - (x->block < y->block);
 }
 
-/* Score every retained block of the layer and list the evictable ones,
- * lowest first. Scratch space comes from the sequence (grown with it). */
+/* Score every retained block of the layer and list the evictable ones
+ * (unordered) in the sequence's scratch (grown with it); returns how many. */
 static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
   uint32_t L = s->ns->desc.shape.n_layers, n = 0;
   kvt_pblk *pb = s->scratch_pb;
@@ -190,11 +190,23 @@ static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
   for (uint32_t i = 0; i < n; i++)
     if (evictable(s, pb[i].block, layer))
       cd[m++] = (cand){.score = isnan(score[i]) ? -INFINITY : score[i], .block = pb[i].block};
-  /* qsort wants a base even for 0 elements: the scratch is NULL until the
-   * sequence has a block */
-  if (m > 1) qsort(cd, m, sizeof *cd, cand_cmp);
   return m;
 }
+
+/* Bring the lowest of cd[i..m) (cand_cmp order) to cd[i]. */
+static void select_lowest(cand *cd, size_t i, size_t m) {
+  size_t low = i;
+  for (size_t j = i + 1; j < m; j++)
+    if (cand_cmp(&cd[j], &cd[low]) < 0) low = j;
+  cand t = cd[i];
+  cd[i] = cd[low];
+  cd[low] = t;
+}
+
+/* Evictions before the rest of the candidates are sorted instead of
+ * selected one at a time: a decoding step usually evicts one block (a
+ * linear scan), a new policy or a big budget cut many (a sort). */
+#define SELECT_FIRST 4
 
 void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
   if (!s->lp) return; /* "full" */
@@ -205,9 +217,12 @@ void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
   layer_bytes(s, layer, &o);
   if (o.kept_bytes <= o.budget_bytes) return;
   size_t m = rank_layer(s, layer, sc);
+  cand *cd = (cand *)s->scratch_cand;
   uint32_t L = s->ns->desc.shape.n_layers;
   for (size_t i = 0; i < m && o.kept_bytes > o.budget_bytes; i++) {
-    uint32_t b = ((cand *)s->scratch_cand)[i].block;
+    if (i < SELECT_FIRST) select_lowest(cd, i, m);
+    else if (i == SELECT_FIRST) qsort(cd + i, m - i, sizeof *cd, cand_cmp);
+    uint32_t b = cd[i].block;
     o.kept_bytes -= block_bytes(s->ns, s->lb[(size_t)b * L + layer]);
     evict(s, b, layer);
   }
