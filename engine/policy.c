@@ -312,6 +312,12 @@ int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p) {
   }
   pthread_mutex_lock(&e->lock);
   kvt_lpol *old = s->lp;
+  /* Another scorer in a layer, at the same stride: its state starts anew
+   * (a scorer never reads another's bytes). */
+  int changed = 0;
+  for (uint32_t l = 0; old && l < L; l++) changed |= old[l].scorer != lp[l].scorer;
+  if (changed && stride && stride == s->ss_stride && s->n_blocks)
+    memset(s->ss, 0, (size_t)s->n_blocks * L * stride);
   s->pol = r;
   s->lp = r.scorer == KVT_SCORER_FULL ? NULL : lp;
   apply_all(s);

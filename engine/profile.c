@@ -68,6 +68,9 @@ static int parse_entry(kvt_engine *e, json_t *ent, uint32_t n_layers, double *bu
       return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].scorer", "a scorer kvt_policy_parse knows",
                      "\"%.64s\" at layer %u", json_string_value(sc), l);
     out[l].share = json_number_value(sh);
+    if (out[l].scorer == KVT_SCORER_AUTO) /* it would leave the layer with no scorer */
+      return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].scorer", "a scorer of its own, not auto",
+                     "\"%.64s\" at layer %u", json_string_value(sc), l);
     if (!(out[l].share > 0 && out[l].share <= 1))
       return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].share", "in (0, 1]", "%g at layer %u",
                      out[l].share, l);

@@ -223,6 +223,7 @@ static void take_payload(kvt_engine *e, kvt_lblk *b, kvt_lblk *f, int tier,
   kvt_mem_move(&e->mem, KVT_MEM_INDEX, t->mem_cat, kvt_lblk_desc_bytes());
   kvt_tier_account(t, b);
   e->st.promotions++;
+  e->tc.promotions[tier]++;
 }
 
 /* Install block i of p after its read: with the lock held. A record that
@@ -240,9 +241,12 @@ static void install(kvt_promo *p, size_t i) {
     int tier;
     kvt_warm_form w = {0};
     st = make_room(e, p->ns, b->layer, f, &tier, &w);
-    if (!st && b->tier == KVT_TIER_COLD && b->refs > 0) take_payload(e, b, f, tier, &w);
-    else if (!st && tier == KVT_TIER_WARM) kvt_mem_free(&e->mem, KVT_MEM_WARM, w.payload, w.alloc);
-    if (!st) p->installed++;
+    if (!st && b->tier == KVT_TIER_COLD && b->refs > 0) {
+      take_payload(e, b, f, tier, &w);
+      p->installed++;
+    } else if (!st && tier == KVT_TIER_WARM) {
+      kvt_mem_free(&e->mem, KVT_MEM_WARM, w.payload, w.alloc);
+    }
   }
   if (st && !p->why) p->why = st;
   kvt_lblk_free(&e->mem, KVT_MEM_HOT, f);
@@ -283,11 +287,11 @@ int kvt_promote_hold(kvt_seq *s, uint32_t layer, kvt_promo **hold) {
   kvt_cold_read_wait(cb);
   promo_install_all(p);
   if (rc && !p->why) p->why = rc;
-  if (p->installed) { /* back in RAM: counted by the layer's budget again */
-    pthread_mutex_lock(&e->lock);
-    kvt_policy_apply_locked(s, layer);
-    pthread_mutex_unlock(&e->lock);
-  }
+  /* Back in RAM (installed here, adopted from another sequence, or by a
+   * prefetch): counted by the layer's budget again. */
+  pthread_mutex_lock(&e->lock);
+  kvt_policy_apply_locked(s, layer);
+  pthread_mutex_unlock(&e->lock);
   *hold = p;
   return 0;
 }
@@ -342,6 +346,7 @@ int kvt_seq_prefetch(kvt_seq *s, uint32_t layer, uint32_t n_layers, kvt_load **o
   e->loads.next = ld;
   s->ns->n_loads++;
   pthread_mutex_unlock(&e->lock);
+  if (!cb) kvt_event_signal(e); /* complete already: tell the event loop, as kvt_load_submit does */
   *out = ld;
   return 0;
 }

@@ -142,7 +142,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
         if (lb) kvt_lblk_ref(e, lb);
       }
     }
-    if (s->ss_stride)
+    if (s->ss_stride && n_blocks)
       memcpy(s->ss, parent->ss, (size_t)n_blocks * L * s->ss_stride);
     s->n_blocks = n_blocks;
     s->pol = parent->pol;

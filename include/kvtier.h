@@ -487,9 +487,11 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st);
  * how far durability lags; engine totals. docs/metrics.md lists every
  * name. Counters count from this engine's open: a read-only engine
  * (kvtier stat) shows the store's gauges and its own, idle, counters.
- * One consistent snapshot per call; nothing is allocated, the engine
- * lock is held only while the counters are copied (and the open
- * sequences' durable watermarks are walked).
+ * Each group of values is copied under the engine lock (the stats, then
+ * the per-tier counters: not one atomic snapshot; a counter may run a
+ * little ahead of another); nothing is allocated, and the lock is held
+ * only while counters are copied and the open sequences' durable
+ * watermarks are walked.
  * @param buf receives the text, NUL-terminated; may be NULL when len is 0
  *   (a size query).
  * @param len capacity of buf in bytes, the terminating NUL included.
@@ -1088,8 +1090,10 @@ int kvt_seq_policy_info(kvt_seq *s, uint32_t layer, kvt_policy_info *out);
  * "auto". The file is read now and not kept open.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND (ns); KVT_EVERSION (another
  *   version); KVT_ESHAPE (made for another shape); KVT_ECORRUPT
- *   (truncated or malformed; kvt_last_error() says where); -errno (the
- *   file cannot be read). */
+ *   (truncated or malformed; kvt_last_error() says where); KVT_EOPTION
+ *   (well formed but unusable: an unknown scorer or "auto" for a layer, a
+ *   share outside (0, 1], shares that do not average to their budget, a
+ *   budget twice); -errno (the file cannot be read). */
 int kvt_ns_load_profile(kvt_engine *e, kvt_ns_id ns, const char *path);
 
 /** Load a predictor of future attention (docs/policy.md; written by

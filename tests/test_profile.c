@@ -118,6 +118,8 @@ static void test_scorer(void **state) {
   char buf[2048];
   make(buf, sizeof buf, 1, 3, 16, 16, "lru", 0.9, 0.4, 0.2);
   refused(f, buf, strlen(buf), KVT_EOPTION, "scorer");
+  make(buf, sizeof buf, 1, 3, 16, 16, "auto", 0.9, 0.4, 0.2); /* a layer's own scorer */
+  refused(f, buf, strlen(buf), KVT_EOPTION, "scorer");
   make(buf, sizeof buf, 1, 3, 16, 16, "full", 0.9, 0.4, 0.2); /* full keeps all: share 1 */
   refused(f, buf, strlen(buf), KVT_EOPTION, "share");
 }

@@ -122,7 +122,8 @@ struct kvt_cold {
   size_t plane_cap;
   kvt_cold_stats st;
   kvt_evict *ev;               /* eviction order of the indexed blocks (a writer's) */
-  pthread_mutex_t ev_lock;     /* ev; taken alone, never with another lock */
+  pthread_mutex_t ev_lock;     /* ev; a leaf: nothing is taken while it is held (the
+                                  engine lock may be held around it: kvt_cold_admit) */
   uint64_t ev_evictions;       /* blocks invalidated by the order */
   int ev_on;                   /* ev_lock initialized */
   void (*read_notify)(void *arg); /* a read batch finished (kvt_cold_set_read_notify) */

@@ -224,7 +224,8 @@ static void leaf_update(kvt_evict *ev, ev_ent *e, int was_tail) {
     /* Out of memory here only makes e no candidate until its last child
      * goes (the LRU fallback still sees it): never a wrong eviction. */
     heap_push(ev, heap_of(ev, e), e);
-  } else {
+  } else { /* a learned key may fall as well as rise */
+    sift_up(heap_of(ev, e), (size_t)e->heap_pos);
     sift_down(heap_of(ev, e), (size_t)e->heap_pos);
   }
 }
