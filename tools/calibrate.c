@@ -2,7 +2,8 @@
  * DESIGN.md section 4; format in docs/policy.md) from full-cache attention
  * traces, or a PyramidKV-style one (--pyramid). Each layer's sensitivity is
  * the attention mass it loses under each scorer at each budget, replayed
- * through real engine sequences so that the engine's own scorers decide. */
+ * through real engine sequences so that the engine's own scorers decide
+ * (the learned one too: --predictor, and keys with the traced norms). */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -26,6 +27,7 @@ typedef struct cal_cfg {
   const char *traces[CAL_MAX_TRACES];
   uint32_t n_traces;
   const char *out, *budget_s, *scorers_s, *sens_out, *model, *scorer_s, *ratio_s, *weights_s;
+  const char *predictor; /* loaded for the replay namespace: "learned" can be measured */
   uint64_t grid, block_tokens;
   int pyramid, json;
 } cal_cfg;
@@ -53,12 +55,14 @@ typedef struct cal_run {
   uint64_t sequences, records;
   uint32_t next_token;        /* dummy tokens: never repeat, so nothing is adopted */
   uint32_t *blocks_put;       /* per cfg: token blocks appended so far */
-  float *kv_zero, *mass;
+  float *kv_zero, *k_norm, *mass;
   kvt_gathered *ret;
-  trace_entry *ent;
+  trace_entry *ent;           /* one step's records: [layer][block] */
+  trace_rec recs[CALIB_MAX_LAYERS];
+  uint8_t have[CALIB_MAX_LAYERS]; /* the step has layer l's record */
 } cal_run;
 
-#define CAL_N_OPTS 13
+#define CAL_N_OPTS 14
 
 static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
   const cli_opt opts[CAL_N_OPTS] = {
@@ -83,6 +87,8 @@ static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
        "with --pyramid: take the shape from this checkpoint instead of a trace"},
       {"--block-tokens", "N", CLI_U64, &c->block_tokens, 1, 256,
        "with --pyramid --model: tokens per block (default 16)"},
+      {"--predictor", "P", CLI_STR, &c->predictor, 0, 0,
+       "the learned scorer's model (kvtier train): measure \"learned\" too"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the summary as one JSON object"},
       {"--trace", "T", CLI_STR, NULL, 0, 0,
        "a full-cache trace (kvtier eval --policy full --dump-trace T); repeat for more"},
@@ -97,14 +103,16 @@ void calibrate_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier calibrate --trace T [--trace T2..] --budget F[,F..] -o PROFILE\n"
           "                        [--scorers LIST] [--grid N] [--sensitivity FILE]\n"
-          "                        [--layer-weights W,..] [--json]\n"
+          "                        [--layer-weights W,..] [--predictor P] [--json]\n"
           "       kvtier calibrate --pyramid (--trace T | --model M [--block-tokens N])\n"
           "                        --budget F[,F..] -o PROFILE [--scorer S] [--ratio R]\n\n"
           "Chooses per layer a scorer and a budget share (docs/policy.md, \"Profiles\").\n"
           "Replays the traces' steps through engine sequences, one per (scorer, share),\n"
           "each layer observing the full-cache masses of the blocks it still retains,\n"
           "and measures per layer the full-cache attention mass on blocks no longer\n"
-          "retained (positions >= %u). Then, for each total budget, gives out the\n"
+          "retained (positions >= %u). With --predictor, \"learned\" is measured too:\n"
+          "the blocks put carry the key norms the trace recorded (version 2).\n"
+          "Then, for each total budget, gives out the\n"
           "layers' shares by greedy marginal gain (mean share = the budget, none above\n"
           "1) and writes the profile (JSON, version %u). Calibrate on sequences other\n"
           "than those you evaluate on.\n\noptions:\n",
@@ -159,27 +167,31 @@ static int parse_budgets(cal_run *r) {
   return r->n_budgets ? CLI_OK : usage_error("--budget is empty", NULL);
 }
 
-/* Scorers that rank from observations alone: not "full" (no budget),
- * "external" (the caller's scores), "learned" (a predictor and real key
- * norms, which a replay with zero payloads has not) or "auto" (a profile). */
-static int scorer_measurable(uint32_t id) {
-  return id != KVT_SCORER_FULL && id != KVT_SCORER_EXTERNAL && id != KVT_SCORER_LEARNED &&
-         id != KVT_SCORER_AUTO && kvt_policy_name(id);
+/* Scorers a replay can run: not "full" (no budget), "external" (the
+ * caller's scores) or "auto" (a profile); "learned" only with --predictor
+ * (the replay's keys carry the traced norms, its other features are the
+ * observations). */
+static int scorer_measurable(uint32_t id, int have_predictor) {
+  return id != KVT_SCORER_FULL && id != KVT_SCORER_EXTERNAL && id != KVT_SCORER_AUTO &&
+         (id != KVT_SCORER_LEARNED || have_predictor) && kvt_policy_name(id);
 }
 
 /* The scorers to choose from: the list, or every measurable one. */
 static int parse_scorers(cal_run *r) {
   if (!r->cfg.scorers_s) {
     for (uint32_t i = 0; kvt_policy_name(i) && r->n_scorers < CALIB_MAX_SCORERS; i++)
-      if (scorer_measurable(i)) r->scorers[r->n_scorers++] = i;
+      if (scorer_measurable(i, r->cfg.predictor != NULL)) r->scorers[r->n_scorers++] = i;
     return CLI_OK;
   }
   char buf[256];
   snprintf(buf, sizeof buf, "%s", r->cfg.scorers_s);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     uint32_t id;
-    if (kvt_policy_parse(t, &id) || !scorer_measurable(id))
-      return usage_error("--scorers takes recent, sink-recent, h2o, snapkv, tova", t);
+    if (kvt_policy_parse(t, &id) || !scorer_measurable(id, r->cfg.predictor != NULL))
+      return usage_error(id == KVT_SCORER_LEARNED ? "--scorers learned needs --predictor P"
+                                                  : "--scorers takes recent, sink-recent, h2o, "
+                                                    "snapkv, tova, learned (with --predictor)",
+                         t);
     if (r->n_scorers == CALIB_MAX_SCORERS) return usage_error("too many --scorers", t);
     r->scorers[r->n_scorers++] = id;
   }
@@ -197,9 +209,9 @@ static int cal_check(cal_run *r) {
     if (!c->n_traces && !c->model) return usage_error("--pyramid needs --trace or --model", NULL);
     if (c->block_tokens && (!c->model || (c->block_tokens & (c->block_tokens - 1))))
       return usage_error("--block-tokens goes with --model, a power of two", NULL);
-    if (c->sens_out || c->scorers_s || c->grid || c->weights_s)
-      return usage_error("--pyramid measures nothing: no --scorers, --grid, --sensitivity or "
-                         "--layer-weights", NULL);
+    if (c->sens_out || c->scorers_s || c->grid || c->weights_s || c->predictor)
+      return usage_error("--pyramid measures nothing: no --scorers, --grid, --sensitivity, "
+                         "--layer-weights or --predictor", NULL);
     return CLI_OK;
   }
   if (c->scorer_s || c->ratio_s || c->model || c->block_tokens)
@@ -273,7 +285,13 @@ static int cal_open_engine(cal_run *r, const char *dir) {
                              .head_dim = r->h.head_dim, .dtype = KVT_F32,
                              .block_tokens = r->h.block_tokens}};
   if (!rc) rc = kvt_ns_register(r->e, &d, &r->ns);
-  return rc ? cli_engine_error("calibrate", "opening the replay engine", r->e, rc) : CLI_OK;
+  if (rc) return cli_engine_error("calibrate", "opening the replay engine", r->e, rc);
+  if (r->cfg.predictor && (rc = kvt_ns_load_predictor(r->e, r->ns, r->cfg.predictor)))
+    return cli_engine_error("calibrate", r->cfg.predictor, r->e, rc);
+  if (r->cfg.predictor && r->h.version < 2)
+    fprintf(stderr, "kvtier calibrate: note: %s is a version-1 trace (no key norms): "
+                    "\"learned\" is replayed with key norm 0\n", r->cfg.traces[0]);
+  return CLI_OK;
 }
 
 static void cal_release(cal_run *r) {
@@ -300,9 +318,26 @@ static int cal_begin_seq(cal_run *r) {
   return CLI_OK;
 }
 
-/* Append and put (zeros) every block complete before query position pos,
- * as the reference decoder does after the step that fills a block; then
- * the length, tail included, that the budget counts at this step. */
+/* The keys of one (block, layer) put by the replay: every key vector is
+ * (norm, 0, ..), so the mean L2 norm the engine takes at put
+ * (kvt_bstate.key_norm, a learned feature) is the one the trace recorded
+ * for that block and layer (0 when the step has no such entry). Attention
+ * never reads them: the replay observes the traced masses. */
+static const float *cal_keys(cal_run *r, uint32_t block, uint32_t layer) {
+  uint32_t maxb = r->h.seq_len / r->h.block_tokens + 1;
+  float norm = r->have[layer] && block < r->recs[layer].n_blocks
+                   ? r->ent[(size_t)layer * maxb + block].key_norm
+                   : 0;
+  if (!(norm >= 0) || !isfinite(norm)) norm = 0;
+  size_t rows = (size_t)r->h.block_tokens * r->h.n_kv_heads;
+  for (size_t i = 0; i < rows; i++) r->k_norm[i * r->h.head_dim] = norm;
+  return r->k_norm;
+}
+
+/* Append and put every block complete before query position pos, as the
+ * reference decoder does after the step that fills a block (keys from
+ * cal_keys, values zero); then the length, tail included, that the budget
+ * counts at this step. */
 static int cal_fill(cal_run *r, uint32_t c, uint32_t pos) {
   uint32_t bt = r->h.block_tokens, need = pos / bt;
   uint32_t tok[KVT_MAX_BLOCK_TOKENS];
@@ -312,7 +347,10 @@ static int cal_fill(cal_run *r, uint32_t c, uint32_t pos) {
     kvt_append_info info;
     for (uint32_t i = 0; i < bt; i++) tok[i] = r->next_token++;
     int rc = kvt_seq_append(r->cfgs[c].s, tok, bt, &info);
-    for (uint32_t l = 0; !rc && l < r->h.n_layers; l++) rc = kvt_seq_put(r->cfgs[c].s, info.block, l, &kv);
+    for (uint32_t l = 0; !rc && l < r->h.n_layers; l++) {
+      kv.k = cal_keys(r, r->blocks_put[c], l);
+      rc = kvt_seq_put(r->cfgs[c].s, info.block, l, &kv);
+    }
     if (rc) return cli_engine_error("calibrate", "putting a replay block", r->e, rc);
     r->blocks_put[c]++;
   }
@@ -324,16 +362,16 @@ static int cal_fill(cal_run *r, uint32_t c, uint32_t pos) {
  * one configuration: count the mass on blocks it no longer retains, then
  * observe the retained ones' masses, scaled to the full total (each query
  * head's softmax would renormalize over what is left). */
-static int cal_step(cal_run *r, uint32_t c, const trace_rec *rec) {
+static int cal_step(cal_run *r, uint32_t c, const trace_rec *rec, const trace_entry *ent) {
   cal_run_cfg *k = &r->cfgs[c];
   size_t n = 0;
   int rc = kvt_seq_retained(k->s, rec->layer, r->ret, rec->n_blocks, &n);
   if (rc) return cli_engine_error("calibrate", "listing retained blocks", r->e, rc);
   double total = 0, kept = 0;
-  for (uint32_t i = 0; i < rec->n_blocks; i++) total += r->ent[i].mass;
+  for (uint32_t i = 0; i < rec->n_blocks; i++) total += ent[i].mass;
   for (size_t i = 0; i < n; i++) {
     uint32_t b = r->ret[i].block;
-    r->mass[i] = b < rec->n_blocks ? r->ent[b].mass : 0;
+    r->mass[i] = b < rec->n_blocks ? ent[b].mass : 0;
     kept += r->mass[i];
   }
   if (rec->pos + 1 >= CAL_FIRST_TARGET && total > 0) {
@@ -347,30 +385,50 @@ static int cal_step(cal_run *r, uint32_t c, const trace_rec *rec) {
   return rc ? cli_engine_error("calibrate", "observing", r->e, rc) : CLI_OK;
 }
 
+/* One step, every layer's record read: for each configuration, the blocks
+ * and length first (their keys need every layer's record), then each
+ * layer's record in order. */
+static int cal_run_step(cal_run *r, uint32_t pos) {
+  uint32_t maxb = r->h.seq_len / r->h.block_tokens + 1;
+  int rc = CLI_OK;
+  for (uint32_t c = 0; rc == CLI_OK && c < r->n_cfgs; c++) {
+    rc = cal_fill(r, c, pos);
+    for (uint32_t l = 0; rc == CLI_OK && l < r->h.n_layers; l++)
+      if (r->have[l]) rc = cal_step(r, c, &r->recs[l], r->ent + (size_t)l * maxb);
+  }
+  memset(r->have, 0, sizeof r->have);
+  return rc;
+}
+
 static int cal_replay_trace(cal_run *r, FILE *f, const char *path) {
   trace_rec rec;
-  uint32_t cur_seq = UINT32_MAX, cur_pos = UINT32_MAX;
-  int got, rc = CLI_OK;
+  uint32_t cur_seq = UINT32_MAX, cur_pos = UINT32_MAX, maxb = r->h.seq_len / r->h.block_tokens + 1;
+  int got = 0, rc = CLI_OK, open = 0;
   while (rc == CLI_OK && (got = trace_read_rec(f, &rec)) == 1) {
-    if (rec.layer >= r->h.n_layers || rec.n_blocks > r->h.seq_len / r->h.block_tokens + 1 ||
-        rec.pos >= r->h.seq_len || rec.n_blocks != rec.pos / r->h.block_tokens)
+    if (rec.layer >= r->h.n_layers || rec.n_blocks > maxb || rec.pos >= r->h.seq_len ||
+        rec.n_blocks != rec.pos / r->h.block_tokens)
       return trace_error(path, "a record does not fit the header or is not full-cache");
-    if (trace_read_entries(f, &r->h, &rec, r->ent)) return trace_error(path, "truncated");
+    if (open && (rec.seq != cur_seq || rec.pos != cur_pos)) { /* the step before is whole */
+      open = 0;
+      if ((rc = cal_run_step(r, cur_pos)) != CLI_OK) break;
+    }
+    trace_entry *ent = r->ent + (size_t)rec.layer * maxb;
+    if (trace_read_entries(f, &r->h, &rec, ent)) return trace_error(path, "truncated");
     for (uint32_t i = 0; i < rec.n_blocks; i++)
-      if (r->ent[i].block != i) return trace_error(path, "a record misses blocks: not full-cache");
+      if (ent[i].block != i) return trace_error(path, "a record misses blocks: not full-cache");
+    if (r->have[rec.layer]) return trace_error(path, "a step has a layer's record twice");
     if (rec.seq != cur_seq) {
       cur_seq = rec.seq;
-      cur_pos = UINT32_MAX;
       progress("calibrate: %s: sequence %u", path, cur_seq);
       rc = cal_begin_seq(r);
     }
-    if (rec.pos != cur_pos) { /* a new step: its blocks and length first */
-      cur_pos = rec.pos;
-      for (uint32_t c = 0; rc == CLI_OK && c < r->n_cfgs; c++) rc = cal_fill(r, c, rec.pos);
-    }
-    for (uint32_t c = 0; rc == CLI_OK && c < r->n_cfgs; c++) rc = cal_step(r, c, &rec);
+    cur_pos = rec.pos;
+    r->recs[rec.layer] = rec;
+    r->have[rec.layer] = 1;
+    open = 1;
     r->records++;
   }
+  if (rc == CLI_OK && open) rc = cal_run_step(r, cur_pos);
   if (rc == CLI_OK && got < 0) return trace_error(path, "truncated or a bad record");
   return rc;
 }
@@ -388,11 +446,12 @@ static int cal_measure(cal_run *r, const char *dir) {
   r->lost = calloc(cells, sizeof *r->lost);
   r->steps = calloc(cells, sizeof *r->steps);
   r->kv_zero = calloc(each, sizeof *r->kv_zero);
+  r->k_norm = calloc(each, sizeof *r->k_norm);
   r->mass = calloc(maxb, sizeof *r->mass);
   r->ret = calloc(maxb, sizeof *r->ret);
-  r->ent = calloc(maxb, sizeof *r->ent);
-  if (!r->cfgs || !r->blocks_put || !r->lost || !r->steps || !r->kv_zero || !r->mass || !r->ret ||
-      !r->ent)
+  r->ent = calloc(maxb * r->h.n_layers, sizeof *r->ent);
+  if (!r->cfgs || !r->blocks_put || !r->lost || !r->steps || !r->kv_zero || !r->k_norm ||
+      !r->mass || !r->ret || !r->ent)
     return cli_lib_error("calibrate", "allocating", -ENOMEM);
   for (uint32_t s = 0, c = 0; s < r->n_scorers; s++)
     for (uint32_t g = 0; g < r->cfg.grid; g++, c++) r->cfgs[c] = (cal_run_cfg){.scorer = s, .g = g};
@@ -602,6 +661,7 @@ static void cal_free(cal_run *r) {
   free(r->weighted);
   free(r->steps);
   free(r->kv_zero);
+  free(r->k_norm);
   free(r->mass);
   free(r->ret);
   free(r->ent);
