@@ -25,15 +25,17 @@ def rows_for(a, bt):
     rows = [(s, ["--policy", s]) for s in a.uniform.split(",") if s]
     by_bt = lambda spec: dict(x.split("=", 1) for x in spec.split(",")).get(str(bt)) if spec else None
     pyr, prof = by_bt(a.pyramid), by_bt(a.profile)
+    pred = by_bt(a.predictor) if a.predictor and "=" in a.predictor else a.predictor
     if pyr:
         rows.append(("pyramid (" + a.pyramid_label + ")", ["--policy", "auto", "--profile", pyr]))
     if prof:
         rows.append(("calibrated profile", ["--policy", "auto", "--profile", prof]))
-    if a.predictor:
-        rows.append(("learned", ["--policy", "learned", "--predictor", a.predictor]))
-        if prof:
-            rows.append(("profile + learned",
-                         ["--policy", "auto", "--profile", prof, "--predictor", a.predictor]))
+    if pred:
+        rows.append(("learned", ["--policy", "learned", "--predictor", pred]))
+    lprof = by_bt(a.learned_profile)
+    if pred and (lprof or prof):
+        rows.append(("profile + learned",
+                     ["--policy", "auto", "--profile", lprof or prof, "--predictor", pred]))
     rows.append(("oracle (next 32 steps)", ["--policy", "oracle"]))
     if a.only:
         keep = a.only.split(",")
@@ -69,7 +71,11 @@ def main():
     ap.add_argument("--profile", help="calibrated profiles by block size: 16=P16.json,1=P1.json")
     ap.add_argument("--pyramid", help="PyramidKV profiles by block size: 16=Y16.json,1=Y1.json")
     ap.add_argument("--pyramid-label", default="sink-recent")
-    ap.add_argument("--predictor", help="kvtier train's predictor file")
+    ap.add_argument("--predictor",
+                    help="kvtier train's predictor: one file, or by block size: 16=P16.pred,1=P1.pred")
+    ap.add_argument("--learned-profile",
+                    help="profiles calibrated with --predictor, by block size (profile + learned; "
+                         "default: --profile)")
     ap.add_argument("--sequences", type=int, default=32)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--len", type=int, default=512)
