@@ -186,7 +186,7 @@ static int parse_scorers(cal_run *r) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", r->cfg.scorers_s);
   for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-    uint32_t id;
+    uint32_t id = UINT32_MAX;
     if (kvt_policy_parse(t, &id) || !scorer_measurable(id, r->cfg.predictor != NULL))
       return usage_error(id == KVT_SCORER_LEARNED ? "--scorers learned needs --predictor P"
                                                   : "--scorers takes recent, sink-recent, h2o, "
