@@ -276,7 +276,7 @@ typedef struct kvt_options {
                                     (tiers/reuse_model.h): a block predicted not to be
                                     used again within the tier's horizon is not written
                                     when the tier is full, and leaves first. The
-                                    model's weights are kept in the cold index across
+                                    model's state is kept in the cold index across
                                     restarts */
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */

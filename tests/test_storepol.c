@@ -18,7 +18,7 @@
 
 /* ---------------------------------------------------------------- trace */
 
-#define N_REQ 1200
+#define N_REQ 2000
 #define MAX_BLK 24
 #define REC 4096 /* bytes of one record */
 
@@ -30,13 +30,21 @@ typedef struct req {
 
 /* Conversations: each request is a conversation's previous request plus
  * new blocks (or a first turn after a shared system block); some
- * conversations come back soon, some late, some never. */
+ * conversations come back soon, some late, some never; a third of the
+ * requests are one-off prompts, never continued (what admission
+ * declines once it has learned so). */
 static void make_trace(req *r, size_t n, uint64_t seed) {
   enum { CONVS = 150 };
   static req last[CONVS];
   memset(last, 0, sizeof last);
   uint64_t st = seed, next_id = 1000;
   for (size_t i = 0; i < n; i++) {
+    if (tu_rand_r(&st) % 3 == 0) { /* a one-off */
+      r[i].n = 1 + 4 + (uint32_t)(tu_rand_r(&st) % 8);
+      r[i].id[0] = 1;
+      for (uint32_t k = 1; k < r[i].n; k++) r[i].id[k] = next_id++;
+      continue;
+    }
     uint32_t c = (uint32_t)(tu_rand_r(&st) % CONVS);
     if (tu_rand_r(&st) % 4 == 0) c = (uint32_t)(tu_rand_r(&st) % 8); /* a few hot ones */
     req *l = &last[c];

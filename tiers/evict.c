@@ -22,20 +22,22 @@
  * n_children when it is added (the index is loaded in key order, not
  * parent first; a parent may be removed and written again). */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tiers/evict.h"
 #include "tiers/reuse_model.h"
 
-/* LEARNED: the horizon of the reuse model is this many tracked blocks of
- * accesses - about the time a block that is not used again stays in a
- * full tier under LRU, twice over - and the model remembers this many
- * blocks the tier does not hold. */
-#define HORIZON_PER_BLOCK 2
+/* LEARNED: the horizon of the reuse model is the tier's residence time,
+ * measured over this many turnovers of its blocks (and never below
+ * HORIZON_MIN accesses); the model remembers this many blocks the tier
+ * does not hold. */
+#define HORIZON_TURNOVERS 8
 #define HORIZON_MIN 1024
 #define HISTORY_SLOTS (1u << 17)
-#define SAMPLES 128 /* leaves looked at to choose a victim or judge a write */
+#define SAMPLES 64 /* leaves looked at to choose a victim or judge a write */
+#define CONFIDENCE_Z 2.0 /* standard errors by which a choice must beat LRU's */
 
 typedef struct ev_ent {
   kvt_key key, parent;
@@ -43,7 +45,7 @@ typedef struct ev_ent {
   struct ev_ent *prev, *next;  /* LRU list */
   uint64_t bytes;
   uint64_t tick;               /* last use */
-  uint64_t ord;                /* heap order: tick, or LEARNED's predicted end of use */
+  uint64_t ord;                /* heap order: the tick of its last use */
   uint32_t n_children;         /* tracked entries whose parent this is (CHAIN) */
   int32_t heap_pos;            /* index in heap[!tail], -1 when not a leaf */
   uint8_t has_parent;
@@ -74,6 +76,7 @@ struct kvt_evict {
   ev_orphan *orphans[256];     /* by parent key hash; few, but many at open */
   kvt_reuse *model;            /* LEARNED */
   uint64_t rng;                /* LEARNED: which leaves to sample (fixed seed: replays repeat) */
+  double win_accesses, win_adds; /* LEARNED: accesses and adds lately (set_horizon) */
   size_t ent_bytes;            /* one entry (LEARNED's carry the model's history) */
 };
 
@@ -298,10 +301,24 @@ static int chained(const kvt_evict *ev) { return ev->policy != KVT_EVICT_LRU; }
 
 static int learned(const kvt_evict *ev) { return ev->model != NULL; }
 
-/* The horizon follows the tier's size: a full tier's blocks, in accesses. */
+/* The horizon is how long the tier keeps a block: its residence time by
+ * Little's law, the blocks it holds over the blocks it adds per access,
+ * counted over the last few turnovers of the tier (the counts halve
+ * past HORIZON_TURNOVERS of them). Never below HORIZON_MIN accesses. */
 static void set_horizon(kvt_evict *ev) {
-  uint64_t h = HORIZON_PER_BLOCK * ev->count;
-  kvt_reuse_set_horizon(ev->model, h < HORIZON_MIN ? HORIZON_MIN : h);
+  double held = (double)(ev->count > HORIZON_MIN ? ev->count : HORIZON_MIN);
+  double h = ev->win_adds > 0 ? held * ev->win_accesses / ev->win_adds : held;
+  kvt_reuse_set_horizon(ev->model, h < HORIZON_MIN ? HORIZON_MIN : (uint64_t)h);
+}
+
+/* Accesses to the tier and blocks it added, for the horizon. */
+static void count_access(kvt_evict *ev, double accesses, double adds) {
+  ev->win_accesses += accesses;
+  ev->win_adds += adds;
+  if (ev->win_accesses > HORIZON_TURNOVERS * (double)(ev->count > HORIZON_MIN ? ev->count : HORIZON_MIN)) {
+    ev->win_accesses *= 0.5;
+    ev->win_adds *= 0.5;
+  }
 }
 
 /* The history of key's chain parent, held or remembered (NULL: none). */
@@ -309,24 +326,6 @@ static const kvt_reuse_blk *parent_hist(const kvt_evict *ev, const kvt_key *pare
   if (!parent || key_zero(parent)) return NULL;
   const ev_ent *p = find(ev, parent);
   return p ? p->rb : kvt_reuse_peek(ev->model, parent);
-}
-
-/* Order of a block by its prediction: the access it should have been used
- * again by (a sure block a horizon after its last use, a hopeless one at
- * once). The heap gives up the earliest first. */
-static uint64_t predicted_end(const kvt_evict *ev, const kvt_reuse_blk *b) {
-  return b->last + (uint64_t)((double)b->p * (double)kvt_reuse_horizon(ev->model));
-}
-
-/* What a block is still worth: the chance that it is used again within
- * the horizon given that it has not been for `age` accesses (reuses
- * taken as spread evenly over the horizon). Past the horizon, below 0 and
- * the older the lower, so dead blocks go oldest first. */
-static double remaining(const kvt_evict *ev, const kvt_reuse_blk *b) {
-  double h = (double)kvt_reuse_horizon(ev->model), a = (double)(kvt_reuse_now(ev->model) - b->last);
-  double p = b->p;
-  if (a >= h) return -a / h;
-  return p * (h - a) / (h - p * a);
 }
 
 static uint64_t rng_next(kvt_evict *ev) {
@@ -337,42 +336,53 @@ static uint64_t rng_next(kvt_evict *ev) {
   return ev->rng = x;
 }
 
-/* The least worth of SAMPLES leaves not kept (NULL: none found). */
-static ev_ent *sample_leaves(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg,
-                             double *worth) {
+/* A leaf and what it is worth: density and its standard error. */
+typedef struct ev_pick {
+  ev_ent *e;
+  double d, se;
+} ev_pick;
+
+/* Is the model sure that a is worth less than b (by more than Z standard
+ * errors of the difference)? */
+static int surely_less(const ev_pick *a, const ev_pick *b) {
+  return b->d - a->d > CONFIDENCE_Z * sqrt(a->se * a->se + b->se * b->se);
+}
+
+/* The leaf to give up among SAMPLES leaves not kept: the least dense,
+ * unless the model is not sure it is worth less than the least recently
+ * used leaf, which then goes (what CHAIN would do: with little learned,
+ * or a workload where nothing tells blocks apart, the order is CHAIN's).
+ * e NULL: none found. */
+static ev_pick sample_leaves(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg) {
   ev_heap *h = &ev->heap[1];
-  ev_ent *best = NULL;
-  double bw = 0;
-  for (int i = 0; h->n && i < SAMPLES; i++) {
-    ev_ent *e = h->v[rng_next(ev) % h->n];
-    double w = remaining(ev, e->rb);
-    if (best && w >= bw) continue;
-    if (keep && keep(arg, &e->key)) continue;
-    best = e;
-    bw = w;
+  ev_pick best = {0}, lru = {0};
+  for (int i = 0; h->n && i <= SAMPLES; i++) {
+    ev_pick p = {.e = h->v[i == 0 ? 0 : rng_next(ev) % h->n]};
+    p.d = kvt_reuse_density(ev->model, p.e->rb, &p.se);
+    if (best.e && (p.d > best.d || (p.d == best.d && p.e->tick >= best.e->tick))) continue;
+    if (keep && keep(arg, &p.e->key)) continue;
+    best = p;
+    if (i == 0) lru = p; /* the heap's top: the least recently used leaf */
   }
-  if (worth) *worth = bw;
-  return best;
+  return lru.e && best.e != lru.e && !surely_less(&best, &lru) ? lru : best;
 }
 
 static int sampled_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg, ev_ent **out) {
-  ev_ent *e = sample_leaves(ev, keep, arg, NULL);
-  if (!e) return KVT_ENOTFOUND;
-  *out = e;
+  ev_pick p = sample_leaves(ev, keep, arg);
+  if (!p.e) return KVT_ENOTFOUND;
+  *out = p.e;
   return 0;
 }
 
 static void learned_access(kvt_evict *ev, ev_ent *e) {
-  const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
+  count_access(ev, 1, 0);
   set_horizon(ev);
-  kvt_reuse_access(ev->model, e->rb, ph ? ph->gap : 0);
-  e->ord = predicted_end(ev, e->rb);
+  kvt_reuse_access(ev->model, e->rb);
 }
 
 static void use(kvt_evict *ev, ev_ent *e) {
-  e->tick = ++ev->tick;
+  e->ord = e->tick = ++ev->tick;
   if (learned(ev)) learned_access(ev, e);
-  else e->ord = e->tick;
   lru_unlink(e);
   lru_append(ev, e);
   int was_tail = e->tail;
@@ -397,9 +407,9 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
     const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
     kvt_reuse_blk_init(e->rb, ph ? ph->depth + 1 : 0, ph ? ph->ns : 0);
   }
+  if (learned(ev)) count_access(ev, 0, 1);
   if (learned(ev) && e->rb->staged) { /* its access was counted by kvt_evict_admit */
     e->rb->staged = 0;
-    e->ord = predicted_end(ev, e->rb);
   } else if (learned(ev)) {
     learned_access(ev, e);
   }
@@ -520,21 +530,23 @@ int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, ui
                     uint32_t ns, int full) {
   if (!learned(ev) || find(ev, key)) return 1; /* (tracked: the write is a touch) */
   kvt_reuse_blk b;
+  const kvt_reuse_blk *ph = parent_hist(ev, parent);
   if (!kvt_reuse_recall(ev->model, key, &b)) kvt_reuse_blk_init(&b, depth, ns);
   b.depth = depth;
   b.ns = ns;
-  const kvt_reuse_blk *ph = parent_hist(ev, parent);
+  count_access(ev, 1, 0);
   set_horizon(ev);
-  kvt_reuse_access(ev->model, &b, ph ? ph->gap : 0);
+  kvt_reuse_access(ev->model, &b);
   int admit = 1;
   if (full && parent && !key_zero(parent) && !find(ev, parent) && !(ph && ph->staged)) {
     admit = 0; /* its prefix is not stored: no lookup could reach it */
   } else if (full) {
-    /* It must be worth more than the leaf it would displace. (Tails as
+    /* It must be worth as much as the leaf it would displace. (Tails as
      * written go first, but the one there is mostly the tail of the
      * request being written, still referenced.) */
-    double worth;
-    if (sample_leaves(ev, NULL, NULL, &worth)) admit = b.p > worth;
+    ev_pick v = sample_leaves(ev, NULL, NULL), w = {.e = NULL};
+    w.d = kvt_reuse_density(ev->model, &b, &w.se);
+    if (v.e) admit = !surely_less(&w, &v);
   }
   b.staged = (uint8_t)admit;
   kvt_reuse_forget(ev->model, key, &b);

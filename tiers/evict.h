@@ -12,12 +12,15 @@
  *    segment, as in segmented LRU, for the blocks a workload almost never
  *    asks for again - then the least recently used.
  *  - KVT_EVICT_LRU: plain least recently used, for comparison.
- *  - KVT_EVICT_LEARNED: CHAIN's candidates and probation, the leaves
- *    ranked by a reuse model trained online from this order's own
- *    accesses (tiers/reuse_model.h): a block leaves when the access by
- *    which it was predicted to be used again has passed (the last use
- *    plus the horizon times the predicted probability of reuse).
- *    kvt_evict_admit() says whether a block is worth writing at all.
+ *  - KVT_EVICT_LEARNED: CHAIN's candidates and probation; among the other
+ *    leaves, 64 sampled at random (and the least recently used) are ranked by
+ *    a reuse model trained online from this order's own accesses
+ *    (tiers/reuse_model.h: hit density by class and age, the horizon the
+ *    tier's residence time) and the least dense goes - unless the model
+ *    is not sure it is worth less than the least recently used leaf,
+ *    which then goes. kvt_evict_admit() says whether a block is worth
+ *    writing at all: not when the model is sure it is worth less than
+ *    the leaf it would displace.
  * Costs: O(1) add, touch and remove for LRU; O(log n) for CHAIN (a binary
  * heap of leaves). Not thread-safe: the owner serializes calls. */
 #ifndef KVT_EVICT_H
@@ -58,12 +61,12 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *arg, const kvt_key *key), 
  * access for the model (the following kvt_evict_add does not count it
  * again) and says whether the block should be written: always while the
  * tier is not full; when full, only when its prefix is tracked (or was
- * just admitted) and it is predicted to outlast the first leaf it would
- * displace. 1 (write it) or 0. */
+ * just admitted) and the model is not sure it is worth less than the
+ * leaf it would displace. 1 (write it) or 0. */
 int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint32_t depth,
                     uint32_t ns, int full);
 
-/* LEARNED's model state (weights and clock), for the cold index: save
+/* LEARNED's model state (counts and clock), for the cold index: save
  * returns the bytes written to out (0 when not LEARNED or cap is short);
  * load: 0, KVT_EOPTION (not LEARNED), KVT_EVERSION, KVT_ECORRUPT. */
 #define KVT_EVICT_MODEL_MAX (32 + 4 * 4096) /* save's bytes, at most */

@@ -1,19 +1,26 @@
-/* reuse_model.c - online logistic model of token-block reuse (reuse_model.h).
+/* reuse_model.c - online model of token-block reuse (reuse_model.h).
  *
- * A sample is one access of a block, described by bucketed features: how
- * often the block was accessed, the gap between its last two accesses
- * (in accesses, and relative to the horizon), the same gap of its chain's
- * parent (how fast the conversation or agent that owns the chain comes
- * back), its depth in the chain, its namespace, and three crosses. Each
- * (feature, bucket) pair hashes to one slot of a fixed weight table; the
- * prediction is the logistic of the sum of the active slots, and a label
- * moves each active slot by one SGD step. Buckets are logarithmic, so
- * nothing here depends on the scale of one workload.
+ * Blocks fall into classes by how often they were accessed. Per class
+ * the model counts accesses and, for each access whose block was accessed
+ * again, the distance (in accesses to the tier) to that next access, in
+ * logarithmic buckets. That is an estimate of the distribution of the
+ * time to a block's next use, learned from what the tier saw, in the
+ * order it saw it: a distance is counted when the second access happens,
+ * never before. Buckets are logarithmic, so nothing here depends on the
+ * scale of one workload.
  *
- * Labels come only from the past: a block's sample is labelled at its
- * next access (positive when that came within the horizon) or, once the
- * horizon has passed, when the owner lets the block go, when its history
- * slot is reused, or when a sweep over the history table finds it. */
+ * The rank of a block is its hit density, as in Least Hit Density
+ * (Beckmann et al., NSDI 2018) with the horizon of Learning Relaxed
+ * Belady (Song et al., NSDI 2020): given that a block of class c has not
+ * been used for a accesses, the chance it is used within the next M (the
+ * horizon: how long the tier keeps a block, measured by the owner),
+ * divided by the space-time it would hold until that use or until M has
+ * passed. Keeping the blocks of highest density maximizes the hits a
+ * tier of fixed size gets per unit of its space; a new block worth less
+ * than the block it would displace is better not written. The densities
+ * are tabulated per class and age bucket, refreshed every few thousand
+ * accesses, each with its standard error (from the number of reuses it
+ * rests on) so the owner can tell a real difference from noise. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
@@ -23,11 +30,13 @@
 #include "tiers/cold_record.h"
 #include "tiers/reuse_model.h"
 
-#define LEARN_RATE 0.05f
-#define WEIGHT_MAX 8.0f   /* keeps one slot from saturating the logistic */
-#define SWEEP_PER_ACCESS 2 /* history slots checked for expired samples per access */
+#define C KVT_REUSE_CLASSES
+#define B KVT_REUSE_BUCKETS
+#define PRIOR 16.0   /* pseudo-accesses of the all-class distribution in each class */
+#define REFRESH 2048 /* accesses between two refreshes of the density table */
+#define DECAY_AT (1u << 20) /* counts halve past this many accesses: a drifting workload */
 #define STATE_MAGIC "KVTRUSE1"
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u /* 1: the logistic model's weights */
 
 typedef struct hist_ent {
   kvt_key key;
@@ -38,21 +47,43 @@ typedef struct hist_ent {
 struct kvt_reuse {
   kvt_mem *m;
   int cat;
-  uint64_t now, horizon, trained;
-  float w[KVT_REUSE_WEIGHTS];
+  uint64_t now, horizon, trained, refreshed;
+  float n[C];       /* accesses counted per class */
+  float d[C][B];    /* of them, next access at a distance in the bucket */
+  float dens[C][B]; /* hit density per class and age bucket (refresh) */
+  float rse[C][B];  /* its relative standard error (1 / sqrt(1 + reuses it rests on)) */
   hist_ent *hist;
-  uint32_t n_hist;   /* power of two */
-  uint32_t hand;     /* sweep position */
+  uint32_t n_hist;  /* power of two */
 };
 
 static uint32_t ilog2(uint64_t x) { return x ? 63u - (uint32_t)__builtin_clzll(x) : 0; }
-
-static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 static uint64_t key_hash(const kvt_key *k) {
   uint64_t h;
   memcpy(&h, k->b, 8);
   return h;
+}
+
+/* Bucket of a distance or age: two an octave ([1,1.5) [1.5,2) [2,3) ...). */
+static uint32_t bucket(uint64_t x) {
+  if (x < 2) return 0;
+  uint32_t o = ilog2(x), b = 2 * o + (uint32_t)((x >> (o - 1)) & 1);
+  return b < B ? b : B - 1;
+}
+
+static double bucket_lo(uint32_t b) { return ldexp(1.0 + 0.5 * (b & 1), (int)(b / 2)); }
+
+static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+
+/* The class: accesses seen (1, 2, 3, 4, 5-8, more). Measured on the
+ * Mooncake conversation trace, where the share of accesses followed by
+ * another grows from 24% for a block's first to 91% past its sixth. Also
+ * tried there as classes, and dropped because they did not raise the hit
+ * rate: the block's depth in its chain, the gap between its last two
+ * accesses, the turn of its conversation. */
+static uint8_t class_of(const kvt_reuse_blk *b) {
+  uint32_t h = b->hits <= 4 ? b->hits - 1 : b->hits <= 8 ? 4 : 5; /* hits >= 1 here */
+  return (uint8_t)min_u32(h, C - 1);
 }
 
 int kvt_reuse_create(kvt_mem *m, int cat, uint32_t history_slots, kvt_reuse **out) {
@@ -89,87 +120,84 @@ void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns) {
   memset(b, 0, sizeof *b);
   b->depth = depth;
   b->ns = ns;
-  b->p = 0.5f;
 }
 
-/* ---------- features ---------- */
+/* ---------- densities ---------- */
 
-static uint16_t slot(uint32_t feature, uint32_t bucket) {
-  uint32_t x = feature * 0x9E3779B1u ^ (bucket + 0x7F4A7C15u) * 0x85EBCA77u;
-  x ^= x >> 15;
-  x *= 0x2C1B3C6Du;
-  x ^= x >> 13;
-  return (uint16_t)(x & (KVT_REUSE_WEIGHTS - 1));
-}
-
-static uint32_t hits_bucket(uint32_t hits) { return hits <= 3 ? hits : min_u32(3 + ilog2(hits / 4) + 1, 10); }
-
-/* A gap in accesses: 0 none, else its binary order of magnitude. */
-static uint32_t gap_bucket(uint64_t gap) { return gap ? 1 + min_u32(ilog2(gap), 40) : 0; }
-
-/* A gap relative to the horizon: 0 none, 1 under 1/16 of it, ... */
-static uint32_t rel_bucket(uint64_t gap, uint64_t horizon) {
-  return gap ? 1 + min_u32(ilog2(1 + 16 * gap / horizon), 9) : 0;
-}
-
-static void features(const kvt_reuse *r, const kvt_reuse_blk *b, uint32_t chain_gap,
-                     uint16_t f[KVT_REUSE_NFEAT]) {
-  uint32_t hb = hits_bucket(b->hits), gr = rel_bucket(b->gap, r->horizon);
-  uint32_t cr = rel_bucket(chain_gap, r->horizon), db = min_u32(ilog2((uint64_t)b->depth + 1), 15);
-  f[0] = slot(0, 0); /* bias */
-  f[1] = slot(1, hb);
-  f[2] = slot(2, gap_bucket(b->gap));
-  f[3] = slot(3, gr);
-  f[4] = slot(4, gap_bucket(chain_gap));
-  f[5] = slot(5, cr);
-  f[6] = slot(6, db);
-  f[7] = slot(7, b->ns & 0xffff);
-  f[8] = slot(8, hb << 8 | gr);
-  f[9] = slot(9, gr << 8 | cr);
-}
-
-static float predict(const kvt_reuse *r, const uint16_t f[KVT_REUSE_NFEAT]) {
-  float z = 0;
-  for (int i = 0; i < KVT_REUSE_NFEAT; i++) z += r->w[f[i]];
-  return 1.0f / (1.0f + expf(-z));
-}
-
-static void train(kvt_reuse *r, const uint16_t f[KVT_REUSE_NFEAT], int label) {
-  float g = LEARN_RATE * ((float)label - predict(r, f));
-  for (int i = 0; i < KVT_REUSE_NFEAT; i++) {
-    float w = r->w[f[i]] + g;
-    r->w[f[i]] = w > WEIGHT_MAX ? WEIGHT_MAX : w < -WEIGHT_MAX ? -WEIGHT_MAX : w;
+/* Density at age a of a class with n accesses and distance counts d[],
+ * horizon h: expected hits in (a, a+h] over expected space-time held
+ * (until the hit, or h). Distances spread evenly within a bucket.
+ * *support: the reuses it rests on. */
+static double density(const float *d, double n, double a, double h, double *support) {
+  double gone = 0, hits = 0, life = 0;
+  for (uint32_t b = 0; b < B; b++) {
+    double lo = bucket_lo(b), hi = b + 1 < B ? bucket_lo(b + 1) : 2 * lo, w = hi - lo;
+    if (!(d[b] > 0)) continue;
+    if (a > lo) gone += d[b] * fmin(1.0, (a - lo) / w);
+    double ol = fmax(lo, a), oh = fmin(hi, a + h);
+    if (oh <= ol) continue;
+    double f = d[b] * (oh - ol) / w;
+    hits += f;
+    life += f * (0.5 * (ol + oh) - a);
   }
-  r->trained++;
+  double surv = n - gone;
+  if (surv < hits) surv = hits;
+  life += (surv - hits) * h;
+  *support = hits;
+  return life > 0 ? hits / life : 0;
 }
 
-void kvt_reuse_expire(kvt_reuse *r, kvt_reuse_blk *b) {
-  if (b->pending && r->now - b->last > r->horizon) {
-    train(r, b->feat, 0);
-    b->pending = 0;
+/* Recompute the table: each class's counts, shrunk towards all classes'
+ * (a class with few samples ranks as the average block). */
+static void refresh(kvt_reuse *r) {
+  double all_n = 0, all_d[B] = {0};
+  for (int c = 0; c < C; c++) {
+    all_n += r->n[c];
+    for (int b = 0; b < B; b++) all_d[b] += r->d[c][b];
+  }
+  for (int c = 0; c < C; c++) {
+    float dc[B];
+    double nc = r->n[c] + (all_n > 0 ? PRIOR : 0);
+    for (int b = 0; b < B; b++) dc[b] = (float)(r->d[c][b] + (all_n > 0 ? PRIOR * all_d[b] / all_n : 0));
+    for (uint32_t a = 0; a < B; a++) {
+      double sup;
+      r->dens[c][a] = (float)density(dc, nc, a ? bucket_lo(a) : 0, (double)r->horizon, &sup);
+      r->rse[c][a] = (float)(1.0 / sqrt(sup + 1.0));
+    }
+  }
+  r->refreshed = r->now;
+}
+
+static void decay(kvt_reuse *r) {
+  double all = 0;
+  for (int c = 0; c < C; c++) all += r->n[c];
+  if (all < DECAY_AT) return;
+  for (int c = 0; c < C; c++) {
+    r->n[c] *= 0.5f;
+    for (int b = 0; b < B; b++) r->d[c][b] *= 0.5f;
   }
 }
 
-/* A few history slots a time: samples of blocks nobody asked for again. */
-static void sweep(kvt_reuse *r) {
-  for (int i = 0; i < SWEEP_PER_ACCESS; i++) {
-    hist_ent *h = &r->hist[r->hand++ & (r->n_hist - 1)];
-    if (h->used) kvt_reuse_expire(r, &h->b);
+void kvt_reuse_access(kvt_reuse *r, kvt_reuse_blk *b) {
+  if (b->hits) {
+    r->d[b->cls][bucket(r->now - b->last)] += 1;
+    r->trained++;
   }
-}
-
-float kvt_reuse_access(kvt_reuse *r, kvt_reuse_blk *b, uint32_t chain_gap) {
-  uint64_t gap = b->hits ? r->now - b->last : 0;
-  if (b->pending) train(r, b->feat, gap <= r->horizon);
-  b->gap = gap > UINT32_MAX ? UINT32_MAX : (uint32_t)gap;
   if (b->hits < UINT32_MAX) b->hits++;
   b->last = r->now;
-  features(r, b, chain_gap, b->feat);
-  b->p = predict(r, b->feat);
-  b->pending = 1;
+  b->cls = class_of(b);
+  r->n[b->cls] += 1;
   r->now++;
-  sweep(r);
-  return b->p;
+  if (r->now - r->refreshed >= REFRESH) {
+    decay(r);
+    refresh(r);
+  }
+}
+
+double kvt_reuse_density(const kvt_reuse *r, const kvt_reuse_blk *b, double *se) {
+  uint32_t c = b->cls < C ? b->cls : 0, a = bucket(r->now - b->last);
+  if (se) *se = (double)r->dens[c][a] * r->rse[c][a];
+  return r->dens[c][a];
 }
 
 /* ---------- history of blocks not held ---------- */
@@ -180,11 +208,9 @@ static hist_ent *hist_slot(const kvt_reuse *r, const kvt_key *key) {
 
 void kvt_reuse_forget(kvt_reuse *r, const kvt_key *key, const kvt_reuse_blk *b) {
   hist_ent *h = hist_slot(r, key);
-  if (h->used && memcmp(h->key.b, key->b, 16)) kvt_reuse_expire(r, &h->b); /* label, then drop */
   h->key = *key;
   h->b = *b;
   h->used = 1;
-  kvt_reuse_expire(r, &h->b);
 }
 
 int kvt_reuse_recall(kvt_reuse *r, const kvt_key *key, kvt_reuse_blk *b) {
@@ -202,34 +228,59 @@ const kvt_reuse_blk *kvt_reuse_peek(const kvt_reuse *r, const kvt_key *key) {
 
 /* ---------- persistent state ---------- */
 
-/* Layout: magic[8], version u32, weights u32, clock u64, XXH3 of the
- * weights u64, then the weights as IEEE-754 binary32, little-endian. */
+/* Layout: magic[8], version u32, classes << 16 | buckets u32, clock u64,
+ * XXH3 of what follows u64; then per class its access count and its
+ * distance counts, IEEE-754 binary32, little-endian. */
+static void put_f32(uint8_t *p, float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  kvt_le_put32(p, u);
+}
+
+static float get_f32(const uint8_t *p) {
+  uint32_t u = kvt_le_get32(p);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+#define SHAPE ((uint32_t)C << 16 | (uint32_t)B)
+#define BODY (4 * C * (B + 1))
+
 void kvt_reuse_save(const kvt_reuse *r, uint8_t out[KVT_REUSE_STATE_BYTES]) {
   memcpy(out, STATE_MAGIC, 8);
   kvt_le_put32(out + 8, STATE_VERSION);
-  kvt_le_put32(out + 12, KVT_REUSE_WEIGHTS);
+  kvt_le_put32(out + 12, SHAPE);
   kvt_le_put64(out + 16, r->now);
-  for (int i = 0; i < KVT_REUSE_WEIGHTS; i++) {
-    uint32_t u;
-    memcpy(&u, &r->w[i], 4);
-    kvt_le_put32(out + 32 + 4 * i, u);
+  uint8_t *p = out + 32;
+  for (int c = 0; c < C; c++) {
+    put_f32(p, r->n[c]);
+    p += 4;
+    for (int b = 0; b < B; b++, p += 4) put_f32(p, r->d[c][b]);
   }
-  kvt_le_put64(out + 24, XXH3_64bits(out + 32, 4 * KVT_REUSE_WEIGHTS));
+  kvt_le_put64(out + 24, XXH3_64bits(out + 32, BODY));
 }
 
 int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len) {
   if (len < 16 || memcmp(in, STATE_MAGIC, 8)) return KVT_ECORRUPT;
   if (kvt_le_get32(in + 8) != STATE_VERSION) return KVT_EVERSION;
-  if (len != KVT_REUSE_STATE_BYTES || kvt_le_get32(in + 12) != KVT_REUSE_WEIGHTS ||
-      kvt_le_get64(in + 24) != XXH3_64bits(in + 32, 4 * KVT_REUSE_WEIGHTS))
+  if (len != KVT_REUSE_STATE_BYTES || kvt_le_get32(in + 12) != SHAPE ||
+      kvt_le_get64(in + 24) != XXH3_64bits(in + 32, BODY))
     return KVT_ECORRUPT;
-  float w[KVT_REUSE_WEIGHTS];
-  for (int i = 0; i < KVT_REUSE_WEIGHTS; i++) {
-    uint32_t u = kvt_le_get32(in + 32 + 4 * i);
-    memcpy(&w[i], &u, 4);
-    if (!isfinite(w[i]) || fabsf(w[i]) > WEIGHT_MAX) return KVT_ECORRUPT;
+  float n[C], d[C][B]; /* checked whole before anything is replaced */
+  const uint8_t *p = in + 32;
+  for (int c = 0; c < C; c++) {
+    n[c] = get_f32(p);
+    p += 4;
+    if (!isfinite(n[c]) || n[c] < 0 || n[c] > 4.0 * DECAY_AT) return KVT_ECORRUPT;
+    for (int b = 0; b < B; b++, p += 4) {
+      d[c][b] = get_f32(p);
+      if (!isfinite(d[c][b]) || d[c][b] < 0 || d[c][b] > 4.0 * DECAY_AT) return KVT_ECORRUPT;
+    }
   }
-  memcpy(r->w, w, sizeof w);
+  memcpy(r->n, n, sizeof n);
+  memcpy(r->d, d, sizeof d);
   r->now = kvt_le_get64(in + 16);
+  refresh(r);
   return 0;
 }

@@ -35,7 +35,7 @@ typedef struct plan_cfg {
   const char *model, *config, *trace, *policy, *codec, *svg, *caps;
   const char *hot_gib, *warm_gib, *cold_tokens, *nvme_read, *nvme_write, *prefill, *tflops;
   const char *shared, *rate;
-  uint64_t agents, context, requests, output, min_seen;
+  uint64_t agents, context, requests, output, min_seen, seed;
   int sweep, json;
   int output_set;              /* --output was given (c->output may be 0) */
 } plan_cfg;
@@ -75,7 +75,7 @@ typedef struct sim {
 
 /* ---- options -------------------------------------------------------------- */
 
-#define PLAN_N_OPTS 23
+#define PLAN_N_OPTS 24
 
 static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
 {
@@ -89,6 +89,7 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--rate", "R", CLI_STR, &c->rate, 0, 0, "synthetic: requests per second (default 2)"},
       {"--requests", "N", CLI_U64, &c->requests, 1, 1u << 22, "synthetic: requests (default 4096)"},
       {"--output", "T", CLI_U64, &c->output, 0, 1u << 24, "synthetic: output tokens per request (default 256)"},
+      {"--seed", "N", CLI_U64, &c->seed, 1, UINT32_MAX, "synthetic: agents in a random order from seed N (default: in turn)"},
       {"--hot", "GIB", CLI_STR, &c->hot_gib, 0, 0, "hot tier RAM, GiB (default 0)"},
       {"--warm", "GIB", CLI_STR, &c->warm_gib, 0, 0, "warm tier RAM, GiB (default 0)"},
       {"--codec", "KV", CLI_STR, &c->codec, 0, 0, "warm codecs (default k8v3)"},
@@ -254,7 +255,7 @@ static int setup_model(const plan_cfg *c, plan_setup *p)
 static int setup_workload(const plan_cfg *c, plan_setup *p)
 {
   if (c->trace) {
-    if (c->agents || c->context || c->shared || c->rate || c->requests || c->output_set) {
+    if (c->agents || c->context || c->shared || c->rate || c->requests || c->output_set || c->seed) {
       fprintf(stderr, "kvtier plan: --trace and the synthetic options exclude each other\n");
       return CLI_USAGE;
     }
@@ -266,7 +267,7 @@ static int setup_workload(const plan_cfg *c, plan_setup *p)
     if (!rc) rc = parse_num("--rate", c->rate, 2, 1e-6, 1e6, &rate);
     if (rc) return rc;
     p->source = "synthetic";
-    if (plan_trace_synth(&p->t, c->agents ? (uint32_t)c->agents : 32,
+    if (plan_trace_synth(&p->t, c->seed, c->agents ? (uint32_t)c->agents : 32,
                          c->context ? (uint32_t)c->context : 16384, shared, rate,
                          c->requests ? (uint32_t)c->requests : 4096,
                          c->output_set ? (uint32_t)c->output : 256)) {

@@ -55,11 +55,12 @@ typedef struct plan_trace {
  * hash_ids). 0, or -1 with the file, line and reason printed to stderr. */
 int plan_trace_load(const char *path, plan_trace *t);
 
-/* A synthetic workload: n_req requests from `agents` agents in turn, each
+/* A synthetic workload: n_req requests from `agents` agents in turn (seed
+ * 0) or drawn at random from seed (another seed, another order), each
  * with a context of ctx tokens whose first `shared` fraction is common to
  * all agents and the rest the agent's own (the same every turn), arriving
  * at rate per second, each producing out tokens. 0 or -1 (no memory). */
-int plan_trace_synth(plan_trace *t, uint32_t agents, uint32_t ctx, double shared, double rate,
+int plan_trace_synth(plan_trace *t, uint64_t seed, uint32_t agents, uint32_t ctx, double shared, double rate,
                      uint32_t n_req, uint32_t out);
 void plan_trace_free(plan_trace *t);
 

@@ -161,10 +161,11 @@ int plan_trace_load(const char *path, plan_trace *t)
   return rc;
 }
 
-int plan_trace_synth(plan_trace *t, uint32_t agents, uint32_t ctx, double shared, double rate,
+int plan_trace_synth(plan_trace *t, uint64_t seed, uint32_t agents, uint32_t ctx, double shared, double rate,
                      uint32_t n_req, uint32_t out)
 {
   memset(t, 0, sizeof *t);
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull | 1; /* xorshift state (seed 0: unused) */
   uint32_t n = (ctx + PLAN_BLOCK_TOKENS - 1) / PLAN_BLOCK_TOKENS;
   uint32_t n_shared = (uint32_t)(shared * ctx / PLAN_BLOCK_TOKENS);
   if (n_shared > n) n_shared = n;
@@ -172,6 +173,12 @@ int plan_trace_synth(plan_trace *t, uint32_t agents, uint32_t ctx, double shared
    * follow at n_shared + a * n, so no two agents share them. */
   for (uint32_t i = 0; i < n_req; i++) {
     uint32_t a = i % agents;
+    if (seed) { /* agents at random, not in turn */
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      a = (uint32_t)(x % agents);
+    }
     plan_req *r = add_req(t, i * 1000.0 / rate, ctx, out, n);
     if (!r) {
       plan_trace_free(t);
