@@ -119,12 +119,12 @@ enum { NK = 300 };
 static char g_keys[NK][32];
 static int g_node_of[NK]; /* port */
 
-static kvt_rc *open_ok(uint32_t cmd_timeout_ms) {
+static kvt_rc *open_ok(uint32_t cmd_timeout_ms, uint32_t node_retry_ms) {
   char url[512], err[256];
   url_with(url, sizeof url, NULL);
   kvt_rc_config cfg = {.url = url, .password = g_pw, .deadline_ms = 20000,
                        .command_timeout_ms = cmd_timeout_ms, .connect_timeout_ms = 5000,
-                       .node_retry_ms = 60000};
+                       .node_retry_ms = node_retry_ms};
   kvt_rc *rc = NULL;
   int e = kvt_rc_open(&cfg, &rc, err, sizeof err);
   if (e) fprintf(stderr, "open: %s\n", err);
@@ -186,7 +186,7 @@ static void wait_gone(pid_t pid) {
  * surviving masters serve regardless, cluster-require-full-coverage no.) */
 static void test_sigstop_unavailable(void **state) {
   (void)state;
-  kvt_rc *rc = open_ok(300);
+  kvt_rc *rc = open_ok(300, 60000);
   keys_write(rc, "stop");
   int port = g_port + 1;
   pid_t pid = rcu_node_pid(g_dir, port);
@@ -205,7 +205,7 @@ static void test_sigstop_unavailable(void **state) {
  * through the lost connection, then at once while it is marked down. */
 static void test_kill_unavailable(void **state) {
   (void)state;
-  kvt_rc *rc = open_ok(10000);
+  kvt_rc *rc = open_ok(10000, 60000);
   keys_write(rc, "kill");
   int port = g_port + 2;
   pid_t pid = rcu_node_pid(g_dir, port);
@@ -219,8 +219,16 @@ static void test_kill_unavailable(void **state) {
   assert_true(st.node_failures >= 1);
   /* a fresh client: the seed list still works, the dead master's slots are unavailable */
   kvt_rc_close(rc);
-  rc = open_ok(10000);
+  rc = open_ok(10000, 60000);
   keys_check(rc, port);
+  kvt_rc_close(rc);
+  /* no down period: every batch tries the dead node again, its retries
+   * run out, and its keys still end unavailable */
+  rc = open_ok(10000, 1);
+  keys_check(rc, port);
+  keys_check(rc, port);
+  kvt_rc_stats_get(rc, &st);
+  assert_true(st.retries >= 1);
   kvt_rc_close(rc);
 }
 
