@@ -446,6 +446,19 @@ static int url_parse(kvt_rc *rc, const char *url, char *err, size_t err_len) {
   return 0;
 }
 
+/* Words for the errors open can meet (io/ does not call up into
+ * kvt_strerror, and strerror is not thread-safe). */
+static const char *err_name(int e) {
+  switch (e) {
+  case -ECONNREFUSED: return "connection refused";
+  case -ETIMEDOUT: return "timed out";
+  case -EPROTO: return "unexpected reply to CLUSTER SLOTS";
+  case -EHOSTUNREACH: return "host unreachable";
+  case -ENOMEM: return "out of memory";
+  default: return "connection failed";
+  }
+}
+
 static void config_defaults(kvt_rc_config *c) {
   if (!c->connect_timeout_ms) c->connect_timeout_ms = 200;
   if (!c->command_timeout_ms) c->command_timeout_ms = 500;
@@ -507,7 +520,7 @@ int kvt_rc_open(const kvt_rc_config *cfg, kvt_rc **out, char *err, size_t err_le
     if (e == KVT_EAUTH && !(err && err[0]))
       set_err(err, err_len, "remote: the cluster requires AUTH (no password given, or refused)");
     else if (e && e != KVT_EAUTH)
-      set_err(err, err_len, "remote: no seed gave a slot map (last: %s, code %d)", kvt_strerror(e), e);
+      set_err(err, err_len, "remote: no seed gave a slot map (last: %s, code %d)", err_name(e), e);
   }
   if (e) {
     kvt_rc_close(rc);
