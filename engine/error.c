@@ -26,6 +26,7 @@ static const char *const kvt_msgs[] = {
   "referenced blocks reached RAM only quantized: they cannot be durable", /* ENOTDURABLE */
   "the cold tier's index is damaged or missing; rebuild it from the segment files "
   "(kvtier fsck --rebuild-index DIR)",                                  /* EINDEX */
+  "a remote node refused the credentials (user or password)",          /* EAUTH */
 };
 
 _Static_assert(sizeof(kvt_msgs) / sizeof(kvt_msgs[0]) == KVT_E_FIRST - KVT_E_LAST + 1,

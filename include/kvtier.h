@@ -82,7 +82,8 @@ extern "C" {
                                       they reached RAM only in quantized form */
 #define KVT_EINDEX      (-30920) /**< the cold tier's index is damaged or missing: rebuild it
                                       from the segments (kvt_store_rebuild_index) */
-#define KVT_E_LAST      (-30920)
+#define KVT_EAUTH       (-30921) /**< a remote node refused the credentials (user/password) */
+#define KVT_E_LAST      (-30921)
 /** @} */
 
 /** Explain a return code: a KVT_E* code, -errno, or 0. Never NULL; the

@@ -31,6 +31,7 @@ EVERSION = -30917
 ENOTRESIDENT = -30918
 ENOTDURABLE = -30919
 EINDEX = -30920
+EAUTH = -30921
 
 CODES: Dict[str, int] = {name: value for name, value in globals().items()
                          if name.startswith("E") and isinstance(value, int)}

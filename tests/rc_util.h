@@ -1,0 +1,60 @@
+/* rc_util.h - helpers of the Redis Cluster tests (test_rcluster*.c): where
+ * the cluster the ctest fixture started lives (env KVT_REDIS_PORT,
+ * KVT_REDIS_DIR), a skip when redis-server is not installed, and admin
+ * commands on one node through plain hiredis. */
+#ifndef KVT_RC_UTIL_H
+#define KVT_RC_UTIL_H
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+/* Exit 77 with the reason when redis-server is missing: the fixture could
+ * not start a cluster. */
+static inline void rcu_require_redis(void) {
+  if (system("command -v redis-server >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "skip: redis-server not installed (apt-get install redis-server)\n");
+    exit(77);
+  }
+}
+
+static inline int rcu_base_port(int dflt) {
+  const char *p = getenv("KVT_REDIS_PORT");
+  return p && atoi(p) > 0 ? atoi(p) : dflt;
+}
+
+/* A blocking admin connection to 127.0.0.1:port (AUTH when pw). */
+static inline redisContext *rcu_admin(int port, const char *pw) {
+  struct timeval tv = {5, 0};
+  redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  if (!c || c->err) {
+    fprintf(stderr, "admin connect %d: %s\n", port, c ? c->errstr : "oom");
+    if (c) redisFree(c);
+    return NULL;
+  }
+  redisSetTimeout(c, tv);
+  if (pw) {
+    redisReply *r = redisCommand(c, "AUTH %s", pw);
+    if (r) freeReplyObject(r);
+  }
+  return c;
+}
+
+/* The pid a node wrote in DIR/PORT/redis.pid; 0 if unknown. */
+static inline pid_t rcu_node_pid(const char *dir, int port) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%d/redis.pid", dir, port);
+  FILE *f = fopen(path, "r");
+  long pid = 0;
+  if (f) {
+    if (fscanf(f, "%ld", &pid) != 1) pid = 0;
+    fclose(f);
+  }
+  return (pid_t)pid;
+}
+
+#endif
