@@ -1023,9 +1023,22 @@ typedef struct kvt_policy {
   uint32_t window_blocks; /**< newest blocks never evicted (default 0) */
   uint32_t delay;         /**< a block is scored only once observed this many times;
                                before, it is kept (default: the scorer's, 0 for most) */
+  double warm;            /**< [0, 1): the part of each layer's budget that warm
+                               blocks may take (three tiers per layer, docs/policy.md):
+                               blocks ranked below the hot ones are quantized with
+                               the namespace's warm codecs and still attended, the
+                               rest leave. 0 (default): no warm share, eviction only.
+                               With a profile ("auto"), a version-2 profile's
+                               per-layer warm shares are used and this is ignored. */
+  double margin;          /**< [0, 100]: hysteresis of promotion: a warm block
+                               takes the place of the weakest hot one only when its
+                               score is above the hot one's by this fraction of
+                               the hot one's (default 0.1); 100: never (warm
+                               blocks stay warm until they leave) */
 } kvt_policy;
 
-/** Defaults: "full", budget 1, the rest KVT_POLICY_DEFAULT. */
+/** Defaults: "full", budget 1, warm 0, margin 0.1, the rest
+ * KVT_POLICY_DEFAULT. */
 void kvt_policy_init(kvt_policy *p);
 
 /** The scorer named name ("full", "recent", "sink-recent", "h2o",
@@ -1079,6 +1092,15 @@ typedef struct kvt_policy_info {
   uint64_t budget_bytes;  /**< share * full_bytes */
   uint64_t kept_bytes;    /**< retained hot blocks at f16 size, warm at their
                                encoded size, and the tail at f16 size */
+  double warm_share;      /**< the part of the layer's full cache warm blocks may
+                               take (within share); 0: no warm share */
+  uint64_t warm_tokens;   /**< tokens in retained warm blocks (within kept_tokens) */
+  uint64_t warm_bytes;    /**< their encoded bytes (within kept_bytes) */
+  uint64_t promotions;    /**< warm blocks the policy made hot again since the
+                               policy was set (exact from the cold tier, or
+                               dequantized: approximate) */
+  uint64_t promotions_exact; /**< of which read exact from the cold tier */
+  uint64_t demotions;     /**< hot blocks the policy quantized to warm */
 } kvt_policy_info;
 
 /** Fill *out for (s, layer). @return 0; KVT_ENULL; KVT_ENOTFOUND (layer). */
