@@ -341,7 +341,8 @@ typedef struct kvt_gathered {
   uint32_t block;        /**< index of the token block in the sequence */
   uint32_t token_pos;    /**< position of its first token (block * block_tokens) */
   uint32_t tier;         /**< tier it was read from (kvt_tier) */
-  uint32_t exact;        /**< 1 when the bytes are the stored input precision */
+  uint32_t exact;        /**< 1 when the bytes are the stored input precision (0 for
+                               warm blocks and for hot ones a promotion dequantized) */
 } kvt_gathered;
 
 /** One layer-block load for kvt_load_submit(). */
@@ -1050,11 +1051,13 @@ int kvt_policy_parse(const char *name, uint32_t *scorer);
 const char *kvt_policy_name(uint32_t scorer);
 
 /** Set the policy of s and apply it at once to every layer (blocks over
- * the budget leave; none come back). A fork inherits its parent's policy
+ * the budget leave; none come back; with a warm share, blocks below the
+ * hot part are quantized in place instead, and warm blocks that rank into
+ * the hot set by the margin are promoted, docs/policy.md). A fork inherits its parent's policy
  * and per-block state. "auto" reads the namespace's profile now (a profile
  * loaded later applies to later kvt_seq_set_policy() calls).
  * @return 0; KVT_ENULL; KVT_EOPTION (unknown scorer, budget outside
- *   (0, 1] or not finite, a field out of range; "learned" without a
+ *   (0, 1] or not finite, warm outside [0, 1), margin outside [0, 100], a field out of range; "learned" without a
  *   predictor loaded for the namespace); -ENOMEM. */
 int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p);
 
@@ -1138,7 +1141,7 @@ int kvt_ns_load_predictor(kvt_engine *e, kvt_ns_id ns, const char *path);
 int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t n_blocks);
 
 /** List the retained blocks of (s, layer) in block order: index, token
- * position and tier (exact: 1 when hot), without copying any payload and
+ * position and tier (exact: 1 when hot with the bytes put), without copying any payload and
  * without reading: a block only on disk, which kvt_seq_attend(),
  * kvt_seq_gather() and kvt_seq_prefetch() bring back, is listed with tier
  * KVT_TIER_COLD (exact 0).
