@@ -789,6 +789,7 @@ static void to_cold(kvt_engine *e, kvt_lblk *b) {
   kvt_mem_move(&e->mem, t->mem_cat, KVT_MEM_INDEX, kvt_lblk_desc_bytes());
   b->tier = KVT_TIER_COLD;
   b->cost = 0;
+  b->approx = 0;
   t->evictions++;
 }
 
@@ -913,6 +914,12 @@ static int demote(kvt_engine *e, kvt_lblk *b) {
   if (listed) kvt_tier_lru_push(warm, b);
   e->st.demotions++;
   return 0;
+}
+
+int kvt_lblk_demote(kvt_engine *e, kvt_lblk *b) {
+  if (b->tier != KVT_TIER_HOT || b->busy || b->pins) return KVT_ESTATE;
+  int rc = demote(e, b);
+  return rc ? rc : b->tier == KVT_TIER_WARM ? 0 : KVT_ESTATE;
 }
 
 /* Oldest hot block held for the cold tier whose token block is not queued

@@ -19,7 +19,9 @@
 static int all_hot(const kvt_tblk *tb) {
   if (tb->n_present != tb->n_layers) return 0;
   for (uint32_t l = 0; l < tb->n_layers; l++)
-    if (tb->layers[l]->tier != KVT_TIER_HOT || !tb->layers[l]->payload) return 0;
+    if (tb->layers[l]->tier != KVT_TIER_HOT || !tb->layers[l]->payload ||
+        tb->layers[l]->approx)
+      return 0;
   return 1;
 }
 
@@ -48,7 +50,8 @@ static void meta_consider(kvt_engine *e, kvt_tblk *tb) {
   if (tb->cold || !tb->indexed || tb->n_present != tb->n_layers) return;
   if (!kvt_cold_admissible(e, tb)) return;
   for (uint32_t l = 0; l < tb->n_layers; l++)
-    if (tb->layers[l]->tier == KVT_TIER_WARM) return; /* approximate: not what cold keeps */
+    if (tb->layers[l]->tier == KVT_TIER_WARM || tb->layers[l]->approx)
+      return; /* approximate: not what cold keeps */
   uint64_t rec = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
   if (!kvt_cold_meta_admit(e->mcold, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) return;
   if (kvt_cold_meta_write(e->mcold, &tb->key, &tb->parent, rec) == 0) {

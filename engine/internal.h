@@ -183,6 +183,15 @@ int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost);
  * with a warm tier demote the least recently used (which unlocks and
  * relocks e->lock around encoding). 0, KVT_EFULL or -ENOMEM. */
 int kvt_hot_make_room(kvt_engine *e, uint64_t cost);
+/* The policy's tier moves of a referenced block b, in place, with the lock
+ * held (both drop it while they encode, decode or read). Demote: hot ->
+ * warm with the namespace's warm codecs (engine.c). Promote: warm -> hot,
+ * exact from the cold tier when the token block is durable there (*exact
+ * 1), else dequantized and marked approx (tiermove.c). 0, or an error and
+ * b where it was: KVT_ESTATE (pinned or moved meanwhile), KVT_EFULL,
+ * -ENOMEM. */
+int kvt_lblk_demote(kvt_engine *e, kvt_lblk *b);
+int kvt_lblk_promote(kvt_engine *e, kvt_lblk *b, int *exact);
 static inline int kvt_warm_on(const kvt_engine *e) { return e->tier[KVT_TIER_WARM].bytes_limit > 0; }
 static inline uint64_t kvt_layer_seed(const kvt_nsrec *ns, uint32_t layer) {
   return ns->warm_seed + (uint64_t)layer * 0x9E3779B97F4A7C15ull;
@@ -264,6 +273,11 @@ void kvt_seq_unpin_locked(kvt_seq *s);
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's
  * budget, lowest scored first. With the lock held. */
 void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer);
+/* The same for a layer with a warm share (three tiers): the hot share's
+ * weakest blocks go warm, the budget's weakest leave, and with
+ * allow_promote warm blocks that rank into the hot set by the margin are
+ * promoted. May drop the lock (encoding, decoding, cold reads). */
+void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote);
 /* A put of (s, block, layer) succeeded: retained again, key norm of kv. */
 void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv);
 /* Per-candidate scratch bytes the ranking needs, per block of cap. */

@@ -40,7 +40,8 @@ const kvt_scorer *kvt_scorer_get(uint32_t id) { return id < N_SCORERS ? scorers[
 void kvt_policy_init(kvt_policy *p) {
   if (!p) return;
   *p = (kvt_policy){.scorer = KVT_SCORER_FULL, .sink_blocks = KVT_POLICY_DEFAULT, .budget = 1.0,
-                    .window_blocks = KVT_POLICY_DEFAULT, .delay = KVT_POLICY_DEFAULT};
+                    .window_blocks = KVT_POLICY_DEFAULT, .delay = KVT_POLICY_DEFAULT,
+                    .margin = 0.1};
 }
 
 const char *kvt_policy_name(uint32_t scorer) {
@@ -115,10 +116,19 @@ static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     if (!lb || lb->tier == KVT_TIER_COLD) continue;
+    uint64_t bytes = block_bytes(s->ns, lb);
     o->kept_tokens += sh->block_tokens;
-    o->kept_bytes += block_bytes(s->ns, lb);
+    o->kept_bytes += bytes;
+    if (lb->tier == KVT_TIER_WARM) {
+      o->warm_tokens += sh->block_tokens;
+      o->warm_bytes += bytes;
+    }
   }
   o->over = o->kept_bytes > o->budget_bytes;
+  o->warm_share = lp->warm;
+  o->promotions = lp->promotions;
+  o->promotions_exact = lp->promotions_exact;
+  o->demotions = lp->demotions;
 }
 
 static void ctx_of(const kvt_seq *s, uint32_t layer, kvt_pctx *c) {
@@ -213,6 +223,10 @@ void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
   const kvt_lpol *lp = layer_pol(s, layer);
   const kvt_scorer *sc = kvt_scorer_get(lp->scorer);
   if (!sc || lp->share >= 1) return;
+  if (lp->warm > 0) {
+    kvt_policy_tiers_locked(s, layer, sc, 1);
+    return;
+  }
   kvt_policy_info o;
   layer_bytes(s, layer, &o);
   if (o.kept_bytes <= o.budget_bytes) return;
@@ -232,6 +246,127 @@ static void apply_all(kvt_seq *s) {
   for (uint32_t l = 0; l < s->ns->desc.shape.n_layers; l++) kvt_policy_apply_locked(s, l);
 }
 
+/* ---- three tiers per layer ------------------------------------------------- */
+
+/* Tier moves in one application of the policy, at most: a decoding step
+ * makes a few (a demotion, an eviction, a promotion); a new policy or a
+ * big cut makes many, each a re-scan of the candidates. */
+#define TIER_MOVES_MAX 4096
+/* Promotions in one application, at most: each reads the cold tier or
+ * decodes, so a burst of them is spread over the next steps. */
+#define PROMOTE_MAX 2
+/* A margin this large turns promotion off (kvt_policy.margin). */
+#define KVT_MARGIN_OFF 100.0
+
+/* The candidate of the lowest score in the given tier (KVT_N_TIERS: any
+ * RAM tier), or -1; the highest with high set. */
+static ptrdiff_t cand_pick(const kvt_seq *s, uint32_t layer, const cand *cd, size_t m, int tier,
+                           int high) {
+  uint32_t L = s->ns->desc.shape.n_layers;
+  ptrdiff_t best = -1;
+  for (size_t i = 0; i < m; i++) {
+    const kvt_lblk *lb = s->lb[(size_t)cd[i].block * L + layer];
+    if (!lb || lb->tier == KVT_TIER_COLD) continue;
+    if (tier != KVT_N_TIERS && lb->tier != tier) continue;
+    if (best < 0 || (high ? cand_cmp(&cd[i], &cd[best]) > 0 : cand_cmp(&cd[i], &cd[best]) < 0))
+      best = (ptrdiff_t)i;
+  }
+  return best;
+}
+
+/* A hot block that is held for the cold tier (its exact bytes not yet
+ * written) can be demoted once the flusher has written it: wait for that
+ * when it is queued (bounded), so what a demotion loses can come back
+ * exact. With the lock held (dropped while waiting). */
+static void wait_written(kvt_engine *e, const kvt_lblk *lb) {
+  for (int i = 0; i < 64 && lb->held && lb->tb->queued && kvt_cold_on(e); i++)
+    kvt_cold_wait_room(e);
+}
+
+/* Demote (s, block, layer) to warm; evict it when it cannot be (warm tier
+ * off or full, its exact bytes held for the cold tier, a reader on it). */
+static void demote_or_evict(kvt_seq *s, uint32_t block, uint32_t layer, kvt_lpol *lp) {
+  kvt_engine *e = s->e;
+  size_t i = (size_t)block * s->ns->desc.shape.n_layers + layer;
+  kvt_lblk *lb = s->lb[i];
+  wait_written(e, lb);
+  lb = s->lb[i];
+  if (lb && lb->tier == KVT_TIER_HOT && !lb->held && kvt_lblk_demote(e, lb) == 0) {
+    lp->demotions++;
+    return;
+  }
+  lb = s->lb[i];
+  if (lb && lb->tier != KVT_TIER_COLD) evict(s, block, layer);
+}
+
+/* Promote warm (s, block, layer) to hot; 0 when it moved. A block another
+ * sequence references stays warm: its tier is theirs too, and promoting
+ * it would spend their budgets. */
+static int promote(kvt_seq *s, uint32_t block, uint32_t layer, kvt_lpol *lp) {
+  kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
+  int exact = 0;
+  if (!lb || lb->tier != KVT_TIER_WARM || lb->refs != 1) return KVT_ESTATE;
+  int rc = kvt_lblk_promote(s->e, lb, &exact);
+  if (rc) return rc;
+  lp->promotions++;
+  lp->promotions_exact += (uint64_t)exact;
+  return 0;
+}
+
+/* Does warm candidate w beat hot candidate h by the policy's margin? */
+static int beats(const kvt_seq *s, const cand *w, const cand *h) {
+  return s->pol.margin < KVT_MARGIN_OFF && w->score > h->score + s->pol.margin * fabs(h->score);
+}
+
+/* One step of the three-tier ranking of (s, layer) over the candidates cd
+ * (scored once per application): 1 when it moved a block. */
+static int tiers_step(kvt_seq *s, uint32_t layer, const cand *cd, size_t m, kvt_lpol *lp,
+                      int allow_promote, int *promoted) {
+  const kvt_shape *sh = &s->ns->desc.shape;
+  kvt_policy_info o;
+  layer_bytes(s, layer, &o);
+  uint64_t hot = o.kept_bytes - o.warm_bytes, hb = token_bytes(sh) * sh->block_tokens;
+  uint64_t hot_cap = (uint64_t)floor((lp->share - lp->warm) * (double)o.full_bytes);
+  ptrdiff_t low_hot = cand_pick(s, layer, cd, m, KVT_TIER_HOT, 0);
+  /* 1. the hot share: its weakest block goes warm */
+  if (hot > hot_cap && low_hot >= 0) {
+    demote_or_evict(s, cd[low_hot].block, layer, lp);
+    return 1;
+  }
+  /* 2. the whole budget: the weakest block leaves */
+  ptrdiff_t low = cand_pick(s, layer, cd, m, KVT_N_TIERS, 0);
+  if (o.kept_bytes > o.budget_bytes && low >= 0) {
+    evict(s, cd[low].block, layer);
+    return 1;
+  }
+  /* 3. promotion: the strongest warm block, when it beats the weakest hot
+   * one by the margin, into room in the hot share, or in its place */
+  ptrdiff_t top = cand_pick(s, layer, cd, m, KVT_TIER_WARM, 1);
+  if (!allow_promote || *promoted >= PROMOTE_MAX || top < 0 || s->pol.margin >= KVT_MARGIN_OFF)
+    return 0;
+  if (low_hot >= 0 && !beats(s, &cd[top], &cd[low_hot])) return 0;
+  const kvt_lblk *w = s->lb[(size_t)cd[top].block * sh->n_layers + layer];
+  if (w->refs != 1) return 0;
+  uint64_t wb = block_bytes(s->ns, w);
+  int room = hot + hb <= hot_cap && o.kept_bytes - wb + hb <= o.budget_bytes;
+  if (!room) {
+    if (low_hot < 0) return 0;
+    demote_or_evict(s, cd[low_hot].block, layer, lp); /* its place */
+  }
+  (*promoted)++; /* attempted: a failure is not retried in this application */
+  promote(s, cd[top].block, layer, lp);
+  return 1;
+}
+
+void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote) {
+  kvt_lpol *lp = &s->lp[layer];
+  size_t m = rank_layer(s, layer, sc);
+  int promoted = 0;
+  for (int i = 0; i < TIER_MOVES_MAX; i++)
+    if (!tiers_step(s, layer, (const cand *)s->scratch_cand, m, lp, allow_promote, &promoted))
+      break;
+}
+
 /* ---- setting a policy ------------------------------------------------------ */
 
 static uint32_t pick(uint32_t v, uint32_t dflt) { return v == KVT_POLICY_DEFAULT ? dflt : v; }
@@ -245,6 +380,10 @@ static int policy_check(kvt_engine *e, const kvt_policy *p, kvt_policy *r) {
                    p->scorer);
   if (!(p->budget > 0 && p->budget <= 1))
     return KVT_ERR(e, KVT_EOPTION, call, "budget", "in (0, 1]", "%g", p->budget);
+  if (!(p->warm >= 0 && p->warm < 1))
+    return KVT_ERR(e, KVT_EOPTION, call, "warm", "in [0, 1)", "%g", p->warm);
+  if (!(p->margin >= 0 && p->margin <= 100))
+    return KVT_ERR(e, KVT_EOPTION, call, "margin", "in [0, 100]", "%g", p->margin);
   const kvt_scorer *sc = kvt_scorer_get(p->scorer == KVT_SCORER_AUTO ? AUTO_DEFAULT : p->scorer);
   *r = *p;
   r->sink_blocks = pick(p->sink_blocks, sc ? sc->default_sinks : 0);
@@ -262,11 +401,15 @@ static int policy_check(kvt_engine *e, const kvt_policy *p, kvt_policy *r) {
 static void layers_of(const kvt_nsrec *ns, const kvt_policy *r, kvt_lpol *lp) {
   uint32_t L = ns->desc.shape.n_layers;
   if (r->scorer == KVT_SCORER_AUTO && ns->profile) {
-    kvt_profile_layers(ns->profile, r->budget, lp, L);
+    /* a version-2 profile names warm shares; a version-1 one takes the
+     * policy's part of each layer's share */
+    if (!kvt_profile_layers(ns->profile, r->budget, lp, L))
+      for (uint32_t l = 0; l < L; l++) lp[l].warm = lp[l].share < 1 ? lp[l].share * r->warm : 0;
     return;
   }
   uint32_t id = r->scorer == KVT_SCORER_AUTO ? AUTO_DEFAULT : r->scorer;
-  for (uint32_t l = 0; l < L; l++) lp[l] = (kvt_lpol){.scorer = id, .share = r->budget};
+  for (uint32_t l = 0; l < L; l++)
+    lp[l] = (kvt_lpol){.scorer = id, .share = r->budget, .warm = r->budget < 1 ? r->budget * r->warm : 0};
 }
 
 static uint32_t state_stride(const kvt_lpol *lp, uint32_t L) {
@@ -505,7 +648,7 @@ int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t ma
     if (!retained_at(s, b, layer)) continue;
     const kvt_lblk *lb = s->lb[(size_t)b * s->ns->desc.shape.n_layers + layer];
     blocks[i++] = (kvt_gathered){.block = b, .token_pos = b * bt, .tier = lb->tier,
-                                 .exact = lb->tier == KVT_TIER_HOT};
+                                 .exact = lb->tier == KVT_TIER_HOT && !lb->approx};
   }
   pthread_mutex_unlock(&e->lock);
   *n_blocks = n;

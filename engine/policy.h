@@ -34,6 +34,9 @@ typedef struct kvt_lpol {
   uint32_t scorer;     /* kvt_scorer_id; never AUTO */
   uint32_t pad;
   double share;        /* budget: fraction of the layer's full f16 cache */
+  double warm;         /* of which warm blocks may take this fraction (<= share;
+                          0: no warm share, eviction only); hot the rest */
+  uint64_t promotions, promotions_exact, demotions; /* the policy's tier moves */
 } kvt_lpol;
 
 /* What a scorer knows of the (sequence, layer) it is asked about. */
@@ -96,7 +99,9 @@ int kvt_profile_read(struct kvt_engine *e, const char *path, const kvt_shape *sh
 void kvt_profile_free(kvt_profile *p);
 /* The per-layer scorers and shares for a total budget (mean share over
  * the layers = budget, each share at most 1). */
-void kvt_profile_layers(const kvt_profile *p, double budget, kvt_lpol *out, uint32_t n_layers);
+/* 1 when the profile names warm shares (version 2), 0 when out's warm
+ * shares are 0 and left to the caller (version 1). */
+int kvt_profile_layers(const kvt_profile *p, double budget, kvt_lpol *out, uint32_t n_layers);
 int kvt_predictor_read(struct kvt_engine *e, const char *path, const kvt_shape *sh,
                        kvt_predictor **out);
 void kvt_predictor_free(kvt_predictor *p);

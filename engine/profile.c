@@ -22,16 +22,15 @@ static int get_u32(kvt_engine *e, json_t *obj, const char *key, uint32_t *out) {
   return 0;
 }
 
-static int check_head(kvt_engine *e, json_t *root, const kvt_shape *shape) {
+static int check_head(kvt_engine *e, json_t *root, const kvt_shape *shape, uint32_t *version) {
   json_t *fmt = json_object_get(root, "format"), *shp = json_object_get(root, "shape");
   if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "kvtier-profile"))
     return KVT_ERR(e, KVT_ECORRUPT, CALL, "format", "\"kvtier-profile\"", "%s",
                    json_is_string(fmt) ? json_string_value(fmt) : "missing");
-  uint32_t version = 0;
-  int rc = get_u32(e, root, "version", &version);
+  int rc = get_u32(e, root, "version", version);
   if (rc) return rc;
-  if (version != KVT_PROFILE_VERSION)
-    return KVT_ERR(e, KVT_EVERSION, CALL, "version", "1", "%u", version);
+  if (*version != 1 && *version != KVT_PROFILE_VERSION)
+    return KVT_ERR(e, KVT_EVERSION, CALL, "version", "1 or 2", "%u", *version);
   if (!json_is_object(shp)) return KVT_ERR(e, KVT_ECORRUPT, CALL, "shape", "an object", "missing");
   static const char *const keys[4] = {"n_layers", "n_kv_heads", "head_dim", "block_tokens"};
   const uint32_t want[4] = {shape->n_layers, shape->n_kv_heads, shape->head_dim,
@@ -47,8 +46,26 @@ static int check_head(kvt_engine *e, json_t *root, const kvt_shape *shape) {
 }
 
 /* One entry of "profiles": a budget and a scorer and share per layer. */
-static int parse_entry(kvt_engine *e, json_t *ent, uint32_t n_layers, double *budget,
-                       kvt_profile_layer *out) {
+/* Version 2: a layer's optional "warm", the part of its share warm
+ * blocks may take. */
+static int parse_warm(kvt_engine *e, json_t *lj, uint32_t l, kvt_profile_layer *out) {
+  json_t *w = json_object_get(lj, "warm");
+  out->warm = 0;
+  if (!w) return 0;
+  if (!json_is_number(w))
+    return KVT_ERR(e, KVT_ECORRUPT, CALL, "layers[i].warm", "a number", "not so at layer %u", l);
+  out->warm = json_number_value(w);
+  if (!(out->warm >= 0 && out->warm < 1))
+    return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].warm", "in [0, 1)", "%g at layer %u",
+                   out->warm, l);
+  if (out->warm > 0 && out->scorer == KVT_SCORER_FULL)
+    return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].warm", "0 with scorer full", "%g at layer %u",
+                   out->warm, l);
+  return 0;
+}
+
+static int parse_entry(kvt_engine *e, json_t *ent, uint32_t n_layers, uint32_t version,
+                       double *budget, kvt_profile_layer *out) {
   json_t *b = json_object_get(ent, "budget"), *layers = json_object_get(ent, "layers");
   if (!json_is_number(b)) return KVT_ERR(e, KVT_ECORRUPT, CALL, "budget", "a number", "missing");
   *budget = json_number_value(b);
@@ -78,6 +95,8 @@ static int parse_entry(kvt_engine *e, json_t *ent, uint32_t n_layers, double *bu
       return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].share", "1 with scorer full", "%g at layer %u",
                      out[l].share, l);
     sum += out[l].share;
+    int rc = version >= 2 ? parse_warm(e, lj, l, &out[l]) : 0;
+    if (rc) return rc;
   }
   if (fabs(sum / n_layers - *budget) > KVT_PROFILE_SHARE_TOL)
     return KVT_ERR(e, KVT_EOPTION, CALL, "layers[i].share", "a mean equal to the budget",
@@ -86,7 +105,7 @@ static int parse_entry(kvt_engine *e, json_t *ent, uint32_t n_layers, double *bu
 }
 
 static int parse_root(kvt_engine *e, json_t *root, const kvt_shape *shape, kvt_profile *p) {
-  int rc = check_head(e, root, shape);
+  int rc = check_head(e, root, shape, &p->version);
   if (rc) return rc;
   json_t *arr = json_object_get(root, "profiles");
   size_t n = json_is_array(arr) ? json_array_size(arr) : 0;
@@ -97,7 +116,7 @@ static int parse_root(kvt_engine *e, json_t *root, const kvt_shape *shape, kvt_p
   p->n_layers = shape->n_layers;
   if (!(p->layers = calloc(n * shape->n_layers, sizeof *p->layers))) return -ENOMEM;
   for (size_t i = 0; i < n; i++) {
-    rc = parse_entry(e, json_array_get(arr, i), shape->n_layers, &p->budget[i],
+    rc = parse_entry(e, json_array_get(arr, i), shape->n_layers, p->version, &p->budget[i],
                      p->layers + i * shape->n_layers);
     if (rc) return rc;
     for (size_t j = 0; j < i; j++)
@@ -218,6 +237,21 @@ void kvt_profile_shares(const kvt_profile *p, double budget, uint32_t *scorer, d
   }
 }
 
+void kvt_profile_warm(const kvt_profile *p, double budget, double *warm) {
+  uint32_t L = p->n_layers;
+  int lo = -1, hi = -1; /* as kvt_profile_shares chooses entries */
+  for (uint32_t i = 0; i < p->n_budgets; i++) {
+    if (p->budget[i] <= budget && (lo < 0 || p->budget[i] > p->budget[lo])) lo = (int)i;
+    if (p->budget[i] >= budget && (hi < 0 || p->budget[i] < p->budget[hi])) hi = (int)i;
+  }
+  if (lo < 0) lo = hi;
+  if (hi < 0) hi = lo;
+  double t = p->budget[hi] > p->budget[lo]
+                 ? (budget - p->budget[lo]) / (p->budget[hi] - p->budget[lo]) : 0;
+  for (uint32_t l = 0; l < L; l++)
+    warm[l] = (1 - t) * p->layers[(size_t)lo * L + l].warm + t * p->layers[(size_t)hi * L + l].warm;
+}
+
 /* ---- the engine's side (policy.h): reading a file, layers for a budget ---- */
 
 int kvt_profile_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_profile **out) {
@@ -241,10 +275,14 @@ int kvt_profile_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_p
   return rc;
 }
 
-void kvt_profile_layers(const kvt_profile *p, double budget, kvt_lpol *out, uint32_t n_layers) {
+int kvt_profile_layers(const kvt_profile *p, double budget, kvt_lpol *out, uint32_t n_layers) {
   uint32_t scorer[KVT_MAX_LAYERS];
-  double share[KVT_MAX_LAYERS];
+  double share[KVT_MAX_LAYERS], warm[KVT_MAX_LAYERS];
   uint32_t L = n_layers < p->n_layers ? n_layers : p->n_layers;
   kvt_profile_shares(p, budget, scorer, share);
-  for (uint32_t l = 0; l < L; l++) out[l] = (kvt_lpol){.scorer = scorer[l], .share = share[l]};
+  kvt_profile_warm(p, budget, warm);
+  for (uint32_t l = 0; l < L; l++)
+    out[l] = (kvt_lpol){.scorer = scorer[l], .share = share[l],
+                        .warm = share[l] < 1 && scorer[l] != KVT_SCORER_FULL ? share[l] * warm[l] : 0};
+  return p->version >= 2;
 }

@@ -12,7 +12,7 @@
 #include "engine/policy.h"
 #include "kvtier.h"
 
-#define KVT_PROFILE_VERSION 1u
+#define KVT_PROFILE_VERSION 2u /* versions 1 (no warm shares) and 2 are read */
 #define KVT_PROFILE_MAX_BYTES (16u << 20) /* a profile's text, at most */
 #define KVT_PROFILE_MAX_BUDGETS 16u
 /* The layers' shares must average to the budget within this. */
@@ -21,12 +21,15 @@
 typedef struct kvt_profile_layer {
   uint32_t scorer; /* kvt_scorer_id */
   double share;    /* (0, 1]: its budget, a fraction of its own full cache */
+  double warm;     /* [0, 1): the part of share warm blocks may take (version 2;
+                      0 in version 1) */
 } kvt_profile_layer;
 
 /* (policy.h declares kvt_profile, kvt_profile_read, kvt_profile_free and
  * kvt_profile_layers, the engine's side.) */
 struct kvt_profile {
   uint32_t n_layers, n_budgets;
+  uint32_t version;                       /* 1 or 2 (warm shares) */
   double budget[KVT_PROFILE_MAX_BUDGETS]; /* the total budget of each entry */
   kvt_profile_layer *layers;              /* [n_budgets][n_layers] */
 };
@@ -55,5 +58,10 @@ int kvt_profile_pick(const kvt_profile *p, double budget);
  * others can pay for it; when they cannot, it scales like them and
  * becomes "recent". */
 void kvt_profile_shares(const kvt_profile *p, double budget, uint32_t *scorer, double *share);
+
+/* Per-layer warm parts (of each layer's share) for a total budget: an
+ * entry's own, interpolated linearly between two entries, the nearest
+ * entry's outside them. All 0 for a version-1 profile. */
+void kvt_profile_warm(const kvt_profile *p, double budget, double *warm);
 
 #endif

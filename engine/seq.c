@@ -357,7 +357,7 @@ static void put_share(kvt_engine *e, kvt_lblk **slot, kvt_lblk *b, const kvt_kv 
   if (b->tier != KVT_TIER_COLD) kvt_tier_lru_touch(&e->tier[b->tier], b);
   *slot = b;
   e->st.dedup_hits++;
-  if (b->tier == KVT_TIER_HOT) dedup_verify(e, b, kv, each);
+  if (b->tier == KVT_TIER_HOT && !b->approx) dedup_verify(e, b, kv, each);
 }
 
 /* Place a new, filled block nb as (tb, layer) in tier, making room. Making
@@ -463,7 +463,7 @@ static int seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv)
   if (*slot) { /* adopted at append, or put before: nothing new to store */
     e->st.puts++;
     e->st.dedup_hits++;
-    if ((*slot)->tier == KVT_TIER_HOT) dedup_verify(e, *slot, kv, each);
+    if ((*slot)->tier == KVT_TIER_HOT && !(*slot)->approx) dedup_verify(e, *slot, kv, each);
     rc = (*slot)->tier == KVT_TIER_COLD ? put_restore(s, *slot, layer, kv) : 0;
     pthread_mutex_unlock(&e->lock);
     return rc;
@@ -521,7 +521,7 @@ int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
 static void count_read(kvt_engine *e, const kvt_lblk *b) {
   e->st.reads++;
   e->tc.reads[b->tier]++;
-  if (b->tier == KVT_TIER_HOT) e->st.reads_exact++;
+  if (b->tier == KVT_TIER_HOT && !b->approx) e->st.reads_exact++;
   else e->st.reads_approx++;
 }
 
@@ -661,7 +661,7 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
       rc = kvt_lblk_copy_out(s->ns, lb, (uint8_t *)k_out + i * each, (uint8_t *)v_out + i * each);
       if (blocks)
         blocks[i] = (kvt_gathered){.block = idx[i], .token_pos = idx[i] * bt, .tier = lb->tier,
-                                   .exact = lb->tier == KVT_TIER_HOT};
+                                   .exact = lb->tier == KVT_TIER_HOT && !lb->approx};
     }
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < n; i++) count_read(e, blk[i]);

@@ -342,7 +342,8 @@ typedef struct kvt_gathered {
   uint32_t block;        /**< index of the token block in the sequence */
   uint32_t token_pos;    /**< position of its first token (block * block_tokens) */
   uint32_t tier;         /**< tier it was read from (kvt_tier) */
-  uint32_t exact;        /**< 1 when the bytes are the stored input precision */
+  uint32_t exact;        /**< 1 when the bytes are the stored input precision (0 for
+                               warm blocks and for hot ones a promotion dequantized) */
 } kvt_gathered;
 
 /** One layer-block load for kvt_load_submit(). */
@@ -1024,9 +1025,22 @@ typedef struct kvt_policy {
   uint32_t window_blocks; /**< newest blocks never evicted (default 0) */
   uint32_t delay;         /**< a block is scored only once observed this many times;
                                before, it is kept (default: the scorer's, 0 for most) */
+  double warm;            /**< [0, 1): the part of each layer's budget that warm
+                               blocks may take (three tiers per layer, docs/policy.md):
+                               blocks ranked below the hot ones are quantized with
+                               the namespace's warm codecs and still attended, the
+                               rest leave. 0 (default): no warm share, eviction only.
+                               With a profile ("auto"), a version-2 profile's
+                               per-layer warm shares are used and this is ignored. */
+  double margin;          /**< [0, 100]: hysteresis of promotion: a warm block
+                               takes the place of the weakest hot one only when its
+                               score is above the hot one's by this fraction of
+                               the hot one's (default 0.1); 100: never (warm
+                               blocks stay warm until they leave) */
 } kvt_policy;
 
-/** Defaults: "full", budget 1, the rest KVT_POLICY_DEFAULT. */
+/** Defaults: "full", budget 1, warm 0, margin 0.1, the rest
+ * KVT_POLICY_DEFAULT. */
 void kvt_policy_init(kvt_policy *p);
 
 /** The scorer named name ("full", "recent", "sink-recent", "h2o",
@@ -1038,11 +1052,13 @@ int kvt_policy_parse(const char *name, uint32_t *scorer);
 const char *kvt_policy_name(uint32_t scorer);
 
 /** Set the policy of s and apply it at once to every layer (blocks over
- * the budget leave; none come back). A fork inherits its parent's policy
+ * the budget leave; none come back; with a warm share, blocks below the
+ * hot part are quantized in place instead, and warm blocks that rank into
+ * the hot set by the margin are promoted, docs/policy.md). A fork inherits its parent's policy
  * and per-block state. "auto" reads the namespace's profile now (a profile
  * loaded later applies to later kvt_seq_set_policy() calls).
  * @return 0; KVT_ENULL; KVT_EOPTION (unknown scorer, budget outside
- *   (0, 1] or not finite, a field out of range; "learned" without a
+ *   (0, 1] or not finite, warm outside [0, 1), margin outside [0, 100], a field out of range; "learned" without a
  *   predictor loaded for the namespace); -ENOMEM. */
 int kvt_seq_set_policy(kvt_seq *s, const kvt_policy *p);
 
@@ -1080,6 +1096,15 @@ typedef struct kvt_policy_info {
   uint64_t budget_bytes;  /**< share * full_bytes */
   uint64_t kept_bytes;    /**< retained hot blocks at f16 size, warm at their
                                encoded size, and the tail at f16 size */
+  double warm_share;      /**< the part of the layer's full cache warm blocks may
+                               take (within share); 0: no warm share */
+  uint64_t warm_tokens;   /**< tokens in retained warm blocks (within kept_tokens) */
+  uint64_t warm_bytes;    /**< their encoded bytes (within kept_bytes) */
+  uint64_t promotions;    /**< warm blocks the policy made hot again since the
+                               policy was set (exact from the cold tier, or
+                               dequantized: approximate) */
+  uint64_t promotions_exact; /**< of which read exact from the cold tier */
+  uint64_t demotions;     /**< hot blocks the policy quantized to warm */
 } kvt_policy_info;
 
 /** Fill *out for (s, layer). @return 0; KVT_ENULL; KVT_ENOTFOUND (layer). */
@@ -1117,7 +1142,7 @@ int kvt_ns_load_predictor(kvt_engine *e, kvt_ns_id ns, const char *path);
 int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t n_blocks);
 
 /** List the retained blocks of (s, layer) in block order: index, token
- * position and tier (exact: 1 when hot), without copying any payload and
+ * position and tier (exact: 1 when hot with the bytes put), without copying any payload and
  * without reading: a block only on disk, which kvt_seq_attend(),
  * kvt_seq_gather() and kvt_seq_prefetch() bring back, is listed with tier
  * KVT_TIER_COLD (exact 0).

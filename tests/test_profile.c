@@ -98,7 +98,7 @@ static void test_truncated(void **state) {
 static void test_version(void **state) {
   fx *f = *state;
   char buf[2048];
-  make(buf, sizeof buf, 2, 3, 16, 16, NULL, 0.9, 0.4, 0.2);
+  make(buf, sizeof buf, 3, 3, 16, 16, NULL, 0.9, 0.4, 0.2);
   refused(f, buf, strlen(buf), KVT_EVERSION, "version");
 }
 

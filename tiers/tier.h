@@ -44,6 +44,10 @@ typedef struct kvt_lblk {
   uint8_t k_codec, v_codec;     /* warm codecs (tiers/codec.h) */
   uint8_t checked;              /* warm: payload known well formed (this engine
                                    encoded it): readers skip kvt_codec_check */
+  uint8_t approx;               /* hot: dequantized from the warm form by a
+                                   promotion, not the bytes put (never written to
+                                   the cold tier, reported not exact) */
+  uint8_t fixed_pad[3];         /* keeps the bytes below in a word of their own */
   /* Changed under the engine lock at any time. */
   uint8_t on_lru;
   uint8_t busy;                 /* being demoted by some thread */

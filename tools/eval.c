@@ -28,10 +28,10 @@
 
 typedef struct eval_cfg {
   const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s, *logits;
-  const char *profile, *predictor;
+  const char *profile, *predictor, *warm_s, *warm_codec, *margin_s;
   uint64_t sequences, len, seed, block_tokens;
   int show, json;
-  double budget;
+  double budget, warm, margin;
 } eval_cfg;
 
 /* Per-layer attention concentration, summed over observed steps. */
@@ -44,6 +44,7 @@ typedef struct eval_run {
   eval_cfg cfg;
   rm_model m;
   ref_codec codec;
+  ref_codec wcodec;                   /* --warm-codec: the policy's warm form */
   kvt_policy pol;
   int oracle;                         /* --policy oracle: "external" fed the future */
   uint32_t bt;                        /* tokens per block */
@@ -67,7 +68,8 @@ typedef struct eval_run {
   size_t fm_blocks;                   /* blocks per (pos, layer) row */
   int fm_pass;                        /* 1 while the first pass records */
   /* budgets, per scored position (summed over layers), over the run */
-  double kept_frac, kept_tok_frac, missed, missed_h;
+  double kept_frac, kept_tok_frac, warm_tok_frac, missed, missed_h;
+  uint64_t promotions, promotions_exact, demotions; /* the policy's, summed over sequences */
   uint64_t kept_n, missed_n, over_positions;
   int over_now;                       /* a layer over budget at this position */
   uint8_t *keep;                      /* [fm_blocks] scratch */
@@ -75,7 +77,7 @@ typedef struct eval_run {
   kvt_stats st;                       /* the engine's, after the last sequence */
 } eval_run;
 
-#define EVAL_N_OPTS 16
+#define EVAL_N_OPTS 19
 
 static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
   const cli_opt opts[EVAL_N_OPTS] = {
@@ -95,6 +97,12 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
       {"--predictor", "FILE", CLI_STR, &c->predictor, 0, 0,
        "the learned scorer's model (kvtier train)"},
       {"--block-tokens", "N", CLI_U64, &c->block_tokens, 1, 256, "tokens per block (default 16)"},
+      {"--warm", "F", CLI_STR, &c->warm_s, 0, 0,
+       "part of each layer's budget for warm blocks (three tiers; default 0, or the profile's)"},
+      {"--warm-codec", "C", CLI_STR, &c->warm_codec, 0, 0,
+       "the warm tier's codecs for --warm and profiles (default the namespace's: k8v3)"},
+      {"--margin", "M", CLI_STR, &c->margin_s, 0, 0,
+       "promotion hysteresis: a warm block must beat the weakest hot by this fraction (0.1)"},
       {"--codec", "C", CLI_STR, &c->codec, 0, 0,
        "quantize every block (warm, in place): k8v3 (both), k8 (keys), v3 (values), ..."},
       {"--input", "FILE", CLI_STR, &c->input, 0, 0,
@@ -116,7 +124,8 @@ void eval_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
           "                   [--policy P] [--profile FILE] [--predictor FILE]\n"
-          "                   [--block-tokens N] [--codec C] [--input FILE]\n"
+          "                   [--block-tokens N] [--warm F] [--warm-codec C] [--margin M]\n"
+          "                   [--codec C] [--input FILE]\n"
           "                   [--dump-trace FILE] [--dump-logits FILE] [--show] [--json]\n\n"
           "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
           "Samples N sequences of L tokens from the model with a full cache (temperature\n"
@@ -154,6 +163,16 @@ static int eval_check(eval_run *r) {
     return usage_error("unknown --policy (full, recent, sink-recent, h2o, snapkv, tova, learned, "
                        "auto, oracle)", c->policy);
   r->pol.budget = c->budget;
+  c->warm = c->warm_s ? strtod(c->warm_s, &end) : 0;
+  if (c->warm_s && (*end || !(c->warm >= 0 && c->warm < 1)))
+    return usage_error("--warm must be a fraction in [0, 1)", c->warm_s);
+  r->pol.warm = c->warm;
+  c->margin = c->margin_s ? strtod(c->margin_s, &end) : r->pol.margin;
+  if (c->margin_s && (*end || !(c->margin >= 0 && c->margin <= 100)))
+    return usage_error("--margin must be in [0, 100]", c->margin_s);
+  r->pol.margin = c->margin;
+  if (c->warm_codec && (ref_codec_parse(c->warm_codec, &r->wcodec) || !r->wcodec.k || !r->wcodec.v))
+    return usage_error("unknown --warm-codec (both sides: k8v3, k4v2, ...)", c->warm_codec);
   r->bt = c->block_tokens ? (uint32_t)c->block_tokens : REF_BLOCK_TOKENS;
   if (r->pol.scorer == KVT_SCORER_FULL && c->budget < 1)
     return usage_error("--budget below 1 needs a --policy other than full", c->budget_s);
@@ -204,10 +223,16 @@ static int eval_open(eval_run *r, const char *dir) {
     /* Below one block: every put is encoded straight into warm. */
     o.tier_bytes_limit[KVT_TIER_HOT] = 1;
     o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
+  } else if (r->cfg.warm > 0 || r->cfg.profile) {
+    o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20; /* the policy's warm share */
+    /* exact copies for promotions: what was demoted comes back exact */
+    o.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 30;
   }
   int rc = cli_engine_open(dir, &o, &r->e);
   if (!rc) rc = rm_ns_register(r->e, &r->m, r->bt, &r->ns);
   if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
+  else if (!rc && r->wcodec.warm)
+    rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->wcodec.k, r->wcodec.v);
   if (rc) return cli_engine_error("eval", "opening the engine", r->e, rc);
   if (r->cfg.profile && (rc = kvt_ns_load_profile(r->e, r->ns, r->cfg.profile)))
     return cli_engine_error("eval", r->cfg.profile, r->e, rc);
@@ -248,6 +273,7 @@ static void account_budget(eval_run *r, uint32_t layer, uint32_t pos, kvt_seq *s
    * the position (every layer has the same full size) */
   r->kept_frac += (double)pi.kept_bytes / (double)pi.full_bytes / L;
   r->kept_tok_frac += (double)pi.kept_tokens / (double)pi.tokens / L;
+  r->warm_tok_frac += (double)pi.warm_tokens / (double)pi.tokens / L;
   if (!r->fmass) return;
   /* retained blocks, marked over the sequence's blocks */
   uint8_t *keep = r->keep;
@@ -396,6 +422,13 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
     agree += rm_argmax(lf, V) == rm_argmax(lc, V);
     n++;
   }
+  for (uint32_t l = 0; !rc && l < (uint32_t)r->m.c.n_layers; l++) {
+    kvt_policy_info pi;
+    if (kvt_seq_policy_info(d.s, l, &pi)) continue;
+    r->promotions += pi.promotions;
+    r->promotions_exact += pi.promotions_exact;
+    r->demotions += pi.demotions;
+  }
   rm_dec_free(&full);
   rm_dec_free(&d);
   r->dec = NULL;
@@ -470,6 +503,11 @@ static void eval_print(eval_run *r) {
     json_f64(&j, "top1_se", se[3]);
     json_f64(&j, "kept_fraction", kept[0]);
     json_f64(&j, "kept_tokens_fraction", kept[1]);
+    json_f64(&j, "warm", r->pol.warm);
+    json_f64(&j, "warm_tokens_fraction", r->warm_tok_frac / kn);
+    json_u64(&j, "promotions", r->promotions);
+    json_u64(&j, "promotions_exact", r->promotions_exact);
+    json_u64(&j, "demotions", r->demotions);
     json_u64(&j, "positions_over_budget", r->over_positions);
     json_f64(&j, "missed_mass", kept[2]);
     json_f64(&j, "missed_mass_next32", kept[3]);
@@ -499,6 +537,9 @@ static void eval_print(eval_run *r) {
   printf("  top1       %8.4f  +- %.4f  agreement with the full cache\n", m[3], se[3]);
   printf("  kept       %8.4f  of the full cache's bytes (%.4f of its tokens), tail included\n",
          kept[0], kept[1]);
+  printf("  warm       %8.4f  of the tokens warm (quantized, attended in place); %" PRIu64
+         " promotions (%" PRIu64 " exact), %" PRIu64 " demotions\n",
+         r->warm_tok_frac / kn, r->promotions, r->promotions_exact, r->demotions);
   printf("  over       %8" PRIu64 "  positions where sinks, window and tail alone exceed the budget\n",
          r->over_positions);
   printf("  missed     %8.4f  of the full cache's attention (%.4f over the next %u steps)\n",

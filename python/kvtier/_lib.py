@@ -90,13 +90,16 @@ POLICY_DEFAULT = 0xFFFFFFFF  # KVT_POLICY_DEFAULT
 
 class Policy(Structure):
     _fields_ = [("scorer", c_uint32), ("sink_blocks", c_uint32), ("budget", c_double),
-                ("window_blocks", c_uint32), ("delay", c_uint32)]
+                ("window_blocks", c_uint32), ("delay", c_uint32), ("warm", c_double),
+                ("margin", c_double)]
 
 
 class PolicyInfo(Structure):
     _fields_ = [("scorer", c_uint32), ("over", c_uint32), ("share", c_double),
                 ("tokens", c_uint64), ("kept_tokens", c_uint64), ("full_bytes", c_uint64),
-                ("budget_bytes", c_uint64), ("kept_bytes", c_uint64)]
+                ("budget_bytes", c_uint64), ("kept_bytes", c_uint64), ("warm_share", c_double),
+                ("warm_tokens", c_uint64), ("warm_bytes", c_uint64), ("promotions", c_uint64),
+                ("promotions_exact", c_uint64), ("demotions", c_uint64)]
 
 
 class Stats(Structure):

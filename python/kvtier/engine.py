@@ -898,10 +898,13 @@ class Sequence(_Handle):
 
     def set_policy(self, scorer: Union[str, int] = "full", budget: float = 1.0,
                    sink_blocks: Optional[int] = None, window_blocks: Optional[int] = None,
-                   delay: Optional[int] = None) -> None:
+                   delay: Optional[int] = None, warm: float = 0.0,
+                   margin: Optional[float] = None) -> None:
         """kvt_seq_set_policy(): a scorer (a name of SCORERS) and the byte
         budget each layer keeps, a fraction of its full f16 cache with the
-        tail (set_tokens()); None leaves a field at the scorer's default."""
+        tail (set_tokens()); warm, the part of it warm blocks may take
+        (three tiers), and margin, promotion's hysteresis; None leaves a
+        field at the scorer's default."""
         p = _lib.Policy()
         lib.kvt_policy_init(byref(p))
         if isinstance(scorer, str):
@@ -911,7 +914,9 @@ class Sequence(_Handle):
                 raise E.make_error(rc, f"unknown scorer {scorer!r} ({', '.join(SCORERS)})",
                                    "kvt_policy_parse")
             scorer = sid.value
-        p.scorer, p.budget = scorer, budget
+        p.scorer, p.budget, p.warm = scorer, budget, warm
+        if margin is not None:
+            p.margin = margin
         if sink_blocks is not None:
             p.sink_blocks = sink_blocks
         if window_blocks is not None:
