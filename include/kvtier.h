@@ -402,6 +402,14 @@ typedef struct kvt_stats {
                                   kvt_seq_prefetch() brought back into RAM */
   char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */
   char io_why[160];          /**< why that backend */
+  uint64_t recalls;          /**< evicted layer blocks the policy's recall brought back
+                                  (docs/policy.md, "Recall") */
+  uint64_t recall_useful;    /**< of which, at their next observation, received more mass
+                                  than the weakest evictable retained block */
+  uint64_t recall_unavailable; /**< recalls a sketch asked for with no cold copy to read */
+  uint64_t recall_bytes;     /**< K and V bytes recalls read from the cold tier */
+  uint64_t recall_ns;        /**< time spent deciding and waiting for recalls */
+  uint64_t sketch_bytes;     /**< RAM held by key sketches of evicted blocks (a gauge) */
 } kvt_stats;
 /** @} */
 
@@ -1023,6 +1031,9 @@ typedef struct kvt_policy {
   uint32_t window_blocks; /**< newest blocks never evicted (default 0) */
   uint32_t delay;         /**< a block is scored only once observed this many times;
                                before, it is kept (default: the scorer's, 0 for most) */
+  uint32_t recall;        /**< 1: evicted blocks keep a key sketch and come back from
+                               the cold tier when a query's bound beats the weakest
+                               retained block (docs/policy.md, "Recall"); default 0 */
 } kvt_policy;
 
 /** Defaults: "full", budget 1, the rest KVT_POLICY_DEFAULT. */
