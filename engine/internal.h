@@ -272,6 +272,8 @@ void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv 
 size_t kvt_policy_scratch_bytes(void);
 /* May the policy evict retained block (block, layer) of s now? Lock held. */
 int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer);
+/* Evict retained block (block, layer) of s (recall makes room). Lock held. */
+void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);

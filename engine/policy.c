@@ -162,6 +162,8 @@ int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer) {
   return evictable(s, block, layer);
 }
 
+void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer) { evict(s, block, layer); }
+
 typedef struct cand {
   double score;
   uint32_t block;

@@ -189,23 +189,28 @@ void kvt_recall_note_query(kvt_seq *s, uint32_t layer, const float *q, uint32_t 
   pthread_mutex_unlock(&e->lock);
 }
 
-/* The smallest mass_last among the layer's evictable retained blocks, in
- * ascending order into v (up to max); returns how many. */
-static size_t weakest(const kvt_seq *s, uint32_t layer, double *v, size_t max) {
+/* The smallest mean mass among the layer's evictable retained blocks, in
+ * ascending order into v and their blocks into vb (up to max); returns how
+ * many. */
+static size_t weakest(const kvt_seq *s, uint32_t layer, double *v, uint32_t *vb, size_t max) {
   uint32_t L = s->ns->desc.shape.n_layers;
   size_t n = 0;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     if (!lb || lb->tier == KVT_TIER_COLD || !kvt_policy_evictable(s, b, layer)) continue;
-    double m = s->bs[(size_t)b * L + layer].mass_last;
+    const kvt_bstate *bs = &s->bs[(size_t)b * L + layer];
+    /* its mean observed mass: what it has been worth, not one step's noise */
+    double m = bs->observed ? bs->mass_sum / bs->observed : 0;
     size_t i = n < max ? n++ : max; /* insertion into the sorted list */
     if (i == max && m >= v[max - 1]) continue;
     if (i == max) i = max - 1;
     while (i > 0 && v[i - 1] > m) {
       v[i] = v[i - 1];
+      vb[i] = vb[i - 1];
       i--;
     }
     v[i] = m;
+    vb[i] = b;
   }
   return n;
 }
@@ -255,12 +260,17 @@ static void mark_recalled(kvt_seq *s, const sketch *sk) {
 static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
   kvt_engine *e = s->e;
   double v[KVT_RECALL_PER_STEP];
+  uint32_t vb[KVT_RECALL_PER_STEP];
   cand c[KVT_RECALL_PER_STEP];
-  size_t nv = weakest(s, layer, v, KVT_RECALL_PER_STEP);
+  size_t nv = weakest(s, layer, v, vb, KVT_RECALL_PER_STEP);
   size_t nc = strongest(s, r, layer, c, KVT_RECALL_PER_STEP);
   uint32_t marked = 0;
   size_t drop[KVT_RECALL_PER_STEP], nd = 0;
-  for (size_t k = 0, j = 0; k < nc && j < nv && c[k].bound > v[j]; k++) {
+  /* the bound of a block of T tokens counts each at its best key: its
+   * best token alone must out-weigh the weakest block (and by the margin) */
+  double margin = KVT_RECALL_MARGIN * s->ns->desc.shape.block_tokens;
+  size_t j = 0;
+  for (size_t k = 0; k < nc && j < nv && c[k].bound > margin * v[j]; k++) {
     const sketch *sk = &r->sk[c[k].i];
     const kvt_tblk *tb = s->tb[sk->block];
     if (!e->cold || !tb->cold) { /* no exact copy to read: it stays out */
@@ -282,6 +292,8 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
         drop[b] = t;
       }
   for (size_t a = 0; a < nd; a++) sketch_drop(e, r, drop[a]);
+  /* the weakest make room now: the budget holds while the reads run */
+  for (size_t a = 0; a < j; a++) kvt_policy_evict_locked(s, vb[a], layer);
   return marked;
 }
 

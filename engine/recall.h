@@ -14,6 +14,10 @@
 #define KVT_RECALL_MAX_SKETCHES 4096u
 /* Blocks recalled per (sequence, layer) and step at most (one batch). */
 #define KVT_RECALL_PER_STEP 4u
+/* A sketch's bound must beat the weakest retained block's mass by this
+ * factor: the bound of a block of many tokens is loose (every token at the
+ * best key), and a block that just left should not flap back. */
+#define KVT_RECALL_MARGIN 2.0
 
 /* The policy evicts (s, block, layer), still referenced as lb: keep its
  * sketch when s recalls. With the lock held. */

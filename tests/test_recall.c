@@ -136,7 +136,7 @@ static void assert_target_exact(fx *f) {
 static void test_drift_recalls_exact(void **state) {
   (void)state;
   fx f;
-  fx_open(&f, 1, 3.0f);
+  fx_open(&f, 1, 8.0f);
   assert_int_equal(retained_mask(&f), 0xf0u); /* the newest half */
   kvt_stats st0, st;
   tu_stats(f.e, &st0);
@@ -180,7 +180,7 @@ static void test_weak_bound_not_recalled(void **state) {
 static void test_budgets_hold(void **state) {
   (void)state;
   fx f;
-  fx_open(&f, 1, 3.0f);
+  fx_open(&f, 1, 8.0f);
   for (int i = 0; i < 4; i++) {
     step(&f);
     assert_budgets(&f);
@@ -209,7 +209,7 @@ static void test_budgets_hold(void **state) {
 static void test_no_cold_copy(void **state) {
   (void)state;
   fx f;
-  fx_open(&f, 0, 3.0f);
+  fx_open(&f, 0, 8.0f);
   for (int i = 0; i < 2; i++) assert_int_equal(step(&f), BLOCKS / 2);
   kvt_stats st;
   tu_stats(f.e, &st);
