@@ -29,11 +29,14 @@ struct kvt_recall {
   uint32_t *nq;        /* [L] query heads of the last query; 0: none pending */
   float *scale;        /* [L] */
   kvt_load **pending;  /* [L] recall reads started at the step before */
+  uint32_t *cursor;    /* [L] where the layer's next scan of sk starts */
+  uint32_t *n_recalled; /* [L] blocks recalled and not yet observed (about) */
 };
 
 /* Bytes of the fixed part for L layers. */
 static size_t fixed_bytes(uint32_t L) {
-  return sizeof(struct kvt_recall) + L * (sizeof(uint32_t) + sizeof(float) + sizeof(kvt_load *));
+  return sizeof(struct kvt_recall) +
+         L * (3 * sizeof(uint32_t) + sizeof(float) + sizeof(kvt_load *));
 }
 
 static void count_bytes(kvt_engine *e, int64_t delta) {
@@ -54,6 +57,8 @@ static struct kvt_recall *recall_get(kvt_seq *s) {
   r->pending = (kvt_load **)(r + 1);
   r->nq = (uint32_t *)(r->pending + L);
   r->scale = (float *)(r->nq + L);
+  r->cursor = (uint32_t *)(r->scale + L);
+  r->n_recalled = r->cursor + L;
   count_bytes(e, (int64_t)fixed_bytes(L));
   return s->recall = r;
 }
@@ -77,14 +82,26 @@ static void sketch_fill(const kvt_shape *sh, const void *k, uint32_t dtype, uint
     }
 }
 
-/* A slot for the sketch of (block, layer): its old one, a new one, or
- * the oldest when full. NULL when out of memory. */
-static sketch *slot_for(kvt_engine *e, struct kvt_recall *r, uint32_t block, uint32_t layer) {
-  size_t oldest = 0;
-  for (size_t i = 0; i < r->n; i++) {
-    if (r->sk[i].block == block && r->sk[i].layer == layer) return &r->sk[i];
+/* A sketch whose block is retained again (put back), or gone. */
+static int stale(const kvt_seq *s, const struct kvt_recall *r, const sketch *sk) {
+  size_t at = (size_t)sk->block * r->L + sk->layer;
+  return sk->block >= s->n_blocks || s->lb[at] || !s->bs[at].left;
+}
+
+/* A slot for a sketch: a new one, or when full a stale one, else the
+ * oldest. NULL when out of memory. A block evicted, put back and evicted
+ * again may have two; decide() recalls it once. */
+static sketch *slot_for(const kvt_seq *s, struct kvt_recall *r) {
+  kvt_engine *e = s->e;
+  size_t oldest = 0, old = SIZE_MAX;
+  for (size_t i = 0; r->n == KVT_RECALL_MAX_SKETCHES && i < r->n; i++) {
+    if (stale(s, r, &r->sk[i])) {
+      old = i;
+      break;
+    }
     if (r->sk[i].age < r->sk[oldest].age) oldest = i;
   }
+  if (old != SIZE_MAX) return &r->sk[old];
   if (r->n == r->cap && r->cap < KVT_RECALL_MAX_SKETCHES) {
     size_t cap = r->cap ? 2 * r->cap : 16;
     if (cap > KVT_RECALL_MAX_SKETCHES) cap = KVT_RECALL_MAX_SKETCHES;
@@ -129,7 +146,7 @@ void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_l
     }
     k = dec;
   }
-  sketch *sk = slot_for(e, r, block, layer);
+  sketch *sk = slot_for(s, r);
   if (sk) {
     sk->block = block;
     sk->layer = layer;
@@ -141,23 +158,29 @@ void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_l
 }
 
 /* The mass the sketch allows the block under the layer's last query: per
- * query head, block_tokens * exp(bound - lse), summed. */
-static double sketch_bound(const struct kvt_recall *r, const kvt_shape *sh, const sketch *sk) {
+ * query head, block_tokens * exp(bound - lse), summed; 0 when even the
+ * best head times the heads cannot pass cut (one exp, not one a head). */
+static double sketch_bound(const struct kvt_recall *r, const kvt_shape *sh, const sketch *sk,
+                           double cut) {
   uint32_t layer = sk->layer, nq = r->nq[layer], D = sh->head_dim;
   uint32_t group = nq / sh->n_kv_heads;
   const float *q = r->q + (size_t)layer * r->q_cap * (D + 1), *lse = q + (size_t)nq * D;
   const float *mn = sk->mm, *mx = sh->block_tokens == 1 ? sk->mm : sk->mm + r->HD;
-  double mass = 0;
-  for (uint32_t h = 0; h < nq; h++) {
-    const float *qh = q + (size_t)h * D;
-    size_t g = (size_t)(h / group) * D;
-    double u = 0;
-    for (uint32_t d = 0; d < D; d++) {
-      double a = (double)qh[d] * mn[g + d], b = (double)qh[d] * mx[g + d];
-      u += a > b ? a : b;
+  double T = sh->block_tokens, best = -INFINITY, mass = 0;
+  for (int pass = 0; pass < 2; pass++) /* the best head first; the sum when it passes */
+    for (uint32_t h = 0; h < nq; h++) {
+      const float *qh = q + (size_t)h * D;
+      size_t g = (size_t)(h / group) * D;
+      float u = 0;
+      for (uint32_t d = 0; d < D; d++) {
+        float a = qh[d] * mn[g + d], b = qh[d] * mx[g + d];
+        u += a > b ? a : b;
+      }
+      double x = (double)(u * r->scale[layer] - lse[h]);
+      if (pass) mass += T * exp(x);
+      else if (x > best) best = x;
+      if (!pass && h + 1 == nq && (double)nq * T * exp(best) <= cut) return 0;
     }
-    mass += (double)sh->block_tokens * exp(u * r->scale[layer] - (double)lse[h]);
-  }
   return mass;
 }
 
@@ -197,7 +220,7 @@ static size_t weakest(const kvt_seq *s, uint32_t layer, double *v, uint32_t *vb,
   size_t n = 0;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (!lb || lb->tier == KVT_TIER_COLD || !kvt_policy_evictable(s, b, layer)) continue;
+    if (!kvt_policy_evictable(s, b, layer) || !lb || lb->tier == KVT_TIER_COLD) continue;
     const kvt_bstate *bs = &s->bs[(size_t)b * L + layer];
     /* its mean observed mass: what it has been worth, not one step's noise */
     double m = bs->observed ? bs->mass_sum / bs->observed : 0;
@@ -221,19 +244,27 @@ typedef struct cand {
 } cand;
 
 /* The layer's sketches with the largest bounds, descending, into c (up to
- * max); sketches of blocks retained again (put back) are dropped. */
-static size_t strongest(kvt_seq *s, struct kvt_recall *r, uint32_t layer, cand *c, size_t max) {
+ * max), among the next KVT_RECALL_SCAN of the layer from its cursor (all of
+ * them when it has no more); stale ones are skipped. */
+static size_t strongest(kvt_seq *s, struct kvt_recall *r, uint32_t layer, double cut, cand *c,
+                        size_t max) {
   const kvt_shape *sh = &s->ns->desc.shape;
-  size_t n = 0;
-  for (size_t i = 0; i < r->n; i++) {
+  size_t n = 0, seen = 0, visited = 0, total = r->n, i = r->cursor[layer];
+  while (visited < total && seen < KVT_RECALL_SCAN && r->n) {
+    if (i >= r->n) i = 0;
     const sketch *sk = &r->sk[i];
-    if (sk->layer != layer) continue;
-    size_t at = (size_t)sk->block * r->L + layer;
-    if (sk->block >= s->n_blocks || s->lb[at] || !s->bs[at].left) {
-      sketch_drop(s->e, r, i--); /* retained again, or gone: stale */
+    visited++;
+    if (sk->layer != layer) {
+      i++;
       continue;
     }
-    cand x = {.bound = sketch_bound(r, sh, sk), .i = i};
+    if (stale(s, r, sk)) { /* its slot is reused by the next eviction */
+      i++;
+      continue;
+    }
+    seen++;
+    cand x = {.bound = sketch_bound(r, sh, sk, cut), .i = i++};
+    if (x.bound <= cut) continue; /* cannot be recalled this step */
     size_t j = n < max ? n++ : max;
     if (j == max && x.bound <= c[max - 1].bound) continue;
     if (j == max) j = max - 1;
@@ -243,6 +274,7 @@ static size_t strongest(kvt_seq *s, struct kvt_recall *r, uint32_t layer, cand *
     }
     c[j] = x;
   }
+  r->cursor[layer] = (uint32_t)i;
   return n;
 }
 
@@ -263,21 +295,26 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
   uint32_t vb[KVT_RECALL_PER_STEP];
   cand c[KVT_RECALL_PER_STEP];
   size_t nv = weakest(s, layer, v, vb, KVT_RECALL_PER_STEP);
-  size_t nc = strongest(s, r, layer, c, KVT_RECALL_PER_STEP);
-  uint32_t marked = 0;
-  size_t drop[KVT_RECALL_PER_STEP], nd = 0;
   /* the bound of a block of T tokens counts each at its best key: its
    * best token alone must out-weigh the weakest block (and by the margin) */
   double margin = KVT_RECALL_MARGIN * s->ns->desc.shape.block_tokens;
+  size_t nc = nv ? strongest(s, r, layer, margin * v[0], c, KVT_RECALL_PER_STEP) : 0;
+  uint32_t marked = 0;
+  size_t drop[KVT_RECALL_PER_STEP], nd = 0;
   size_t j = 0;
   for (size_t k = 0; k < nc && j < nv && c[k].bound > margin * v[j]; k++) {
     const sketch *sk = &r->sk[c[k].i];
     const kvt_tblk *tb = s->tb[sk->block];
+    if (stale(s, r, sk)) { /* a second sketch of a block recalled just now */
+      drop[nd++] = c[k].i;
+      continue;
+    }
     if (!e->cold || !tb->cold) { /* no exact copy to read: it stays out */
       e->st.recall_unavailable++;
       continue;
     }
     mark_recalled(s, sk);
+    r->n_recalled[layer]++;
     drop[nd++] = c[k].i;
     marked++;
     j++; /* it displaces the next weakest */
@@ -301,16 +338,19 @@ void kvt_recall_step(kvt_seq *s, uint32_t layer) {
   struct kvt_recall *r = s->recall;
   if (!r || !s->pol.recall || !s->lp) return;
   kvt_engine *e = s->e;
-  uint64_t t0 = kvt_hist_now_ns();
   pthread_mutex_lock(&e->lock);
   uint32_t marked = r->nq[layer] && !r->pending[layer] ? decide(s, r, layer) : 0;
   r->nq[layer] = 0; /* a query is used once */
   pthread_mutex_unlock(&e->lock);
+  if (!marked) return;
+  /* timed from here only: a clock read can cost as much as a decision
+   * (kvtier bench policy measures those) */
+  uint64_t t0 = kvt_hist_now_ns();
   kvt_load *ld = NULL;
   /* One batched read of the layer's blocks now away, while the caller
    * computes the rest of the step; a failure leaves them away, and the
    * next attention reads them itself. */
-  if (marked && kvt_seq_prefetch(s, layer, 1, &ld)) ld = NULL;
+  if (kvt_seq_prefetch(s, layer, 1, &ld)) ld = NULL;
   pthread_mutex_lock(&e->lock);
   if (ld) {
     r->pending[layer] = ld;
@@ -342,7 +382,7 @@ void kvt_recall_install(kvt_seq *s, uint32_t layer) {
 }
 
 void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer) {
-  if (!s->recall) return;
+  if (!s->recall || !s->recall->n_recalled[layer]) return;
   uint32_t L = s->ns->desc.shape.n_layers;
   double low = INFINITY;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
@@ -356,6 +396,7 @@ void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     if (!bs->recalled || !lb || lb->tier == KVT_TIER_COLD) continue;
     bs->recalled = 0;
+    if (s->recall->n_recalled[layer]) s->recall->n_recalled[layer]--;
     /* it mattered: more than a block the policy could have kept instead */
     s->e->st.recall_useful += (double)bs->mass_last > low;
   }

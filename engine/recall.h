@@ -14,6 +14,10 @@
 #define KVT_RECALL_MAX_SKETCHES 4096u
 /* Blocks recalled per (sequence, layer) and step at most (one batch). */
 #define KVT_RECALL_PER_STEP 4u
+/* Sketches whose bound one step computes per layer at most, in turn: a
+ * bound costs what attention over one key costs, and with 1-token blocks
+ * there are as many sketches as evicted tokens. */
+#define KVT_RECALL_SCAN 32u
 /* A sketch's bound must beat the weakest retained block's mass by this
  * factor: the bound of a block of many tokens is loose (every token at the
  * best key), and a block that just left should not flap back. */

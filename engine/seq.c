@@ -140,6 +140,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
         kvt_lblk *lb = parent->lb[(size_t)b * L + l];
         s->lb[(size_t)b * L + l] = lb;
         s->bs[(size_t)b * L + l] = parent->bs[(size_t)b * L + l];
+        s->bs[(size_t)b * L + l].recalled = 0; /* the parent's recall judges its own */
         if (lb) kvt_lblk_ref(e, lb);
       }
     }

@@ -408,7 +408,8 @@ typedef struct kvt_stats {
                                   than the weakest evictable retained block */
   uint64_t recall_unavailable; /**< recalls a sketch asked for with no cold copy to read */
   uint64_t recall_bytes;     /**< K and V bytes recalls read from the cold tier */
-  uint64_t recall_ns;        /**< time spent deciding and waiting for recalls */
+  uint64_t recall_ns;        /**< time spent starting recall reads and waiting for them
+                                  (the decisions are not timed: kvtier bench policy) */
   uint64_t sketch_bytes;     /**< RAM held by key sketches of evicted blocks (a gauge) */
 } kvt_stats;
 /** @} */
