@@ -1034,7 +1034,13 @@ typedef struct kvt_policy {
                                before, it is kept (default: the scorer's, 0 for most) */
   uint32_t recall;        /**< 1: evicted blocks keep a key sketch and come back from
                                the cold tier when a query's bound beats the weakest
-                               retained block (docs/policy.md, "Recall"); default 0 */
+                               retained block (docs/policy.md, "Recall"); default 0.
+                               kvt_seq_observe() then decides and starts the reads
+                               (the weakest leaves at once); until the layer's next
+                               kvt_seq_attend() installs them, kvt_seq_retained()
+                               lists them as cold. Needs kvt_seq_attend() before
+                               kvt_seq_observe() (the query); forks do not inherit
+                               the sketches. */
 } kvt_policy;
 
 /** Defaults: "full", budget 1, the rest KVT_POLICY_DEFAULT. */
