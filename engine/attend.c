@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/recall.h"
 #include "tiers/codec.h"
 
 /* Scores and rotated-domain sums of the query heads attended in one pass
@@ -195,9 +196,15 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
   uint32_t per_wave = wave_heads(&c, cap, n_q_heads);
   size_t blk_bytes = cap * sizeof(kvt_lblk *);
   size_t buf_bytes = (size_t)per_wave * (cap * c.T + c.vdim) * sizeof(float);
+  /* recall needs the query's lse (recall.c): its own when the caller's is NULL */
+  int recall = s->pol.recall && s->lp;
+  size_t lse_bytes = recall && !lse ? n_q_heads * sizeof(float) : 0;
+  float *lse_own = lse_bytes ? kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, lse_bytes) : NULL;
+  if (lse_own) c.lse = lse_own;
   kvt_lblk **blk = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, blk_bytes);
   float *buf = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, buf_bytes);
-  int rc = (!blk || !buf) ? -ENOMEM : 0;
+  int rc = (!blk || !buf || (lse_bytes && !lse_own)) ? -ENOMEM : 0;
+  if (recall && !rc) kvt_recall_install(s, layer); /* the reads the last step started */
   size_t n = 0;
   kvt_promo *hold = NULL; /* blocks only on disk, brought back (promote.c) */
   if (!rc) rc = kvt_promote_hold(s, layer, &hold);
@@ -229,6 +236,7 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
     c.n = n;
     c.stride = n * c.T;
     if (n) attend_all(&c, buf, per_wave, n_q_heads);
+    if (recall && n) kvt_recall_note_query(s, layer, q, n_q_heads, scale, c.lse);
   }
   if (blk && n) {
     pthread_mutex_lock(&e->lock);
@@ -237,5 +245,6 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
   }
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, blk, blk_bytes);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, buf, buf_bytes);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, lse_own, lse_bytes);
   return rc;
 }

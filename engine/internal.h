@@ -86,6 +86,7 @@ struct kvt_seq {
   uint64_t n_tokens;          /* length incl. the caller's tail (kvt_seq_set_tokens) */
   kvt_lblk **pin;             /* [pin_cap]: the n_pin blocks of its request pin (serve.c) */
   size_t n_pin, pin_cap;
+  struct kvt_recall *recall;  /* key sketches of evicted blocks, or NULL (recall.c) */
 };
 
 struct kvt_load {
@@ -100,6 +101,7 @@ struct kvt_load {
   size_t n_cr;
   kvt_cold_batch *cb;         /* NULL once waited for */
   struct kvt_promo *promo;    /* a prefetch of a sequence's own blocks (promote.c) */
+  struct kvt_load **back;     /* cleared when this load is freed (a recall's, recall.c) */
 };
 
 /* Per-tier counters kvt_stats has no field for, rendered by
@@ -282,6 +284,10 @@ void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, i
 void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv);
 /* Per-candidate scratch bytes the ranking needs, per block of cap. */
 size_t kvt_policy_scratch_bytes(void);
+/* May the policy evict retained block (block, layer) of s now? Lock held. */
+int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer);
+/* Evict retained block (block, layer) of s (recall makes room). Lock held. */
+void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);

@@ -15,6 +15,7 @@
 
 #include "engine/internal.h"
 #include "engine/policy.h"
+#include "engine/recall.h"
 #include "tiers/codec.h"
 
 /* One line per scorer; the index is its id. NULL: "full" (keeps
@@ -150,6 +151,7 @@ static void *priv_of(const kvt_seq *s, uint32_t block, uint32_t layer) {
 /* Drop (s, block, layer) from the retained set. With the lock held. */
 static void evict(kvt_seq *s, uint32_t block, uint32_t layer) {
   size_t i = (size_t)block * s->ns->desc.shape.n_layers + layer;
+  kvt_recall_on_evict(s, block, layer, s->lb[i]); /* its key sketch, when s recalls */
   kvt_lblk_unref(s->e, s->lb[i]);
   s->lb[i] = NULL;
   memset(&s->bs[i], 0, sizeof s->bs[i]);
@@ -163,8 +165,14 @@ static int evictable(const kvt_seq *s, uint32_t block, uint32_t layer) {
   if (block < p->sink_blocks) return 0;
   if ((uint64_t)block + p->window_blocks >= s->n_blocks) return 0;
   const kvt_bstate *bs = &s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer];
-  return bs->observed >= p->delay;
+  return bs->observed >= p->delay && !bs->recalled;
 }
+
+int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  return evictable(s, block, layer);
+}
+
+void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer) { evict(s, block, layer); }
 
 typedef struct cand {
   double score;
@@ -386,6 +394,7 @@ static int policy_check(kvt_engine *e, const kvt_policy *p, kvt_policy *r) {
     return KVT_ERR(e, KVT_EOPTION, call, "margin", "in [0, 100]", "%g", p->margin);
   const kvt_scorer *sc = kvt_scorer_get(p->scorer == KVT_SCORER_AUTO ? AUTO_DEFAULT : p->scorer);
   *r = *p;
+  r->recall = p->recall != 0;
   r->sink_blocks = pick(p->sink_blocks, sc ? sc->default_sinks : 0);
   r->window_blocks = pick(p->window_blocks, 0);
   r->delay = pick(p->delay, sc ? sc->default_delay : 0);
@@ -540,9 +549,11 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
         sc->observe(&c, &pb, m);
       }
     }
+    kvt_recall_observed_locked(s, layer);
     kvt_policy_apply_locked(s, layer);
   }
   pthread_mutex_unlock(&e->lock);
+  if (!rc) kvt_recall_step(s, layer); /* this query's recalls, read during the next step */
   return rc;
 }
 

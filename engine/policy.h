@@ -26,6 +26,8 @@ typedef struct kvt_bstate {
   uint32_t observed;   /* observations since it joined */
   uint32_t left;       /* 1: the policy evicted it from this layer (not an error
                           that it is not in RAM; a put takes it back) */
+  uint32_t recalled;   /* 1: brought back by recall (recall.c), not yet observed:
+                          kept until its first observation says whether it mattered */
 } kvt_bstate;
 
 /* One layer's policy inside a sequence: from the sequence's kvt_policy

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "engine/recall.h"
 
 /* One allocation: tb [cap], lb [cap * L], bs [cap * L], the policy's
  * ranking scratch [cap], then the scorers' private state [cap * L *
@@ -139,6 +140,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
         kvt_lblk *lb = parent->lb[(size_t)b * L + l];
         s->lb[(size_t)b * L + l] = lb;
         s->bs[(size_t)b * L + l] = parent->bs[(size_t)b * L + l];
+        s->bs[(size_t)b * L + l].recalled = 0; /* the parent's recall judges its own */
         if (lb) kvt_lblk_ref(e, lb);
       }
     }
@@ -162,6 +164,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
 void kvt_seq_free_locked(kvt_seq *s) {
   kvt_engine *e = s->e;
   kvt_seq_unpin_locked(s);
+  kvt_recall_free_locked(s);
   uint32_t L = s->ns->desc.shape.n_layers;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     for (uint32_t l = 0; l < L; l++) {
@@ -680,6 +683,7 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
 
 void kvt_load_free_locked(kvt_load *ld) {
   kvt_engine *e = ld->e;
+  if (ld->back) *ld->back = NULL; /* a recall's: its sequence forgets it */
   kvt_promote_load_free_locked(ld); /* a prefetch: its own blocks */
   kvt_cold_read_wait(ld->cb); /* the reader writes into cr and the caller's buffers */
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld->cr, ld->n_cr * (sizeof *ld->cr + sizeof *ld->cr_idx));

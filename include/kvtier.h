@@ -404,6 +404,15 @@ typedef struct kvt_stats {
                                   kvt_seq_prefetch() brought back into RAM */
   char io_backend[32];       /**< "uring", "pread", ... ("" without a cold tier) */
   char io_why[160];          /**< why that backend */
+  uint64_t recalls;          /**< evicted layer blocks the policy's recall brought back
+                                  (docs/policy.md, "Recall") */
+  uint64_t recall_useful;    /**< of which, at their next observation, received more mass
+                                  than the weakest evictable retained block */
+  uint64_t recall_unavailable; /**< recalls a sketch asked for with no cold copy to read */
+  uint64_t recall_bytes;     /**< K and V bytes recalls read from the cold tier */
+  uint64_t recall_ns;        /**< time spent starting recall reads and waiting for them
+                                  (the decisions are not timed: kvtier bench policy) */
+  uint64_t sketch_bytes;     /**< RAM held by key sketches of evicted blocks (a gauge) */
 } kvt_stats;
 /** @} */
 
@@ -1037,6 +1046,15 @@ typedef struct kvt_policy {
                                score is above the hot one's by this fraction of
                                the hot one's (default 0.1); 100: never (warm
                                blocks stay warm until they leave) */
+  uint32_t recall;        /**< 1: evicted blocks keep a key sketch and come back from
+                               the cold tier when a query's bound beats the weakest
+                               retained block (docs/policy.md, "Recall"); default 0.
+                               kvt_seq_observe() then decides and starts the reads
+                               (the weakest leaves at once); until the layer's next
+                               kvt_seq_attend() installs them, kvt_seq_retained()
+                               lists them as cold. Needs kvt_seq_attend() before
+                               kvt_seq_observe() (the query); forks do not inherit
+                               the sketches. */
 } kvt_policy;
 
 /** Defaults: "full", budget 1, warm 0, margin 0.1, the rest

@@ -301,6 +301,8 @@ static const struct {
     F(cold_reclaims),
     F(cold_relocated),
     F(promotions),
+    F(recalls), F(recall_useful), F(recall_unavailable), F(recall_bytes), F(recall_ns),
+    F(sketch_bytes),
 };
 
 void tu_assert_stats_eq(const kvt_stats *a, const kvt_stats *b) {

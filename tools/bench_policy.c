@@ -47,6 +47,9 @@ typedef struct bp_run {
 typedef struct bp_scorer {
   uint32_t id;
   double warm;              /* > 0: three tiers (a warm share, promotions) */
+  int attend;               /* each layer attended before its observation */
+  int recall;               /* and recall on (kvt_policy.recall): "snapkv+recall" */
+  double recall_ns[BP_ROUNDS_MAX]; /* the engine's recall time (kvt_stats) per step */
   /* per round: the median step, the mean step, the slowest step */
   double observe_ns[BP_ROUNDS_MAX], rebalance_ns[BP_ROUNDS_MAX], mean_ns[BP_ROUNDS_MAX],
       max_ns[BP_ROUNDS_MAX];
@@ -194,11 +197,19 @@ static void bp_masses(bp_run *r, size_t n) {
   for (size_t i = 0; i < n; i++) r->mass[i] = (float)(r->mass[i] * r->n_q_heads / sum);
 }
 
-/* Observe every layer once (one decoding step); adds the retained blocks. */
-static int bp_observe_step(bp_run *r, kvt_seq *s, uint64_t *ns, double *retained) {
+/* Observe every layer once (one decoding step); adds the retained blocks.
+ * With attend, each layer is attended first (untimed), as a decoder does:
+ * recall needs the step's query, and its decision (the sketches' bounds
+ * against the weakest retained block) runs inside the timed observation;
+ * the row "snapkv+attend" is the same without recall (attention leaves the
+ * caches cold for the observation). This engine has no cold tier: no read
+ * happens (eval --recall measures reads). */
+static int bp_observe_step(bp_run *r, kvt_seq *s, int attend, uint64_t *ns, double *retained) {
   for (uint32_t l = 0; l < r->sh.n_layers; l++) {
     size_t n = 0;
-    int rc = kvt_seq_retained(s, l, NULL, 0, &n);
+    int rc = attend ? kvt_seq_attend(s, l, r->q, r->n_q_heads, 0, r->out, r->lse, r->mass,
+                                     r->n_blocks + 1, &n)
+                    : kvt_seq_retained(s, l, NULL, 0, &n);
     if (rc) return rc;
     bp_masses(r, n);
     uint64_t t0 = now_ns();
@@ -223,12 +234,15 @@ static int bp_scorer_round(bp_run *r, bp_scorer *sc, uint32_t round) {
   p.scorer = sc->id;
   p.budget = r->budget;
   p.warm = sc->warm;
+  p.recall = (uint32_t)sc->recall;
   uint32_t bt = r->sh.block_tokens, T = (uint32_t)r->cfg.tokens, start = T - BP_STEPS;
   kvt_seq *s = NULL;
   uint64_t ignore = 0, step_max = 0;
   double retained = 0, obs[BP_STEPS], all[BP_STEPS], mean = 0;
   int rc = kvt_seq_create(r->e, r->ns, &s);
   if (!rc) rc = kvt_seq_set_policy(s, &p);
+  kvt_stats st0, st1;
+  uint64_t recall0 = 0;
   for (uint32_t pos = 0; !rc && pos < T; pos++) {
     int timed = pos >= start;
     uint64_t o = 0, t0 = now_ns();
@@ -236,7 +250,8 @@ static int bp_scorer_round(bp_run *r, bp_scorer *sc, uint32_t round) {
     uint64_t t_len = now_ns() - t0;
     /* before the timed stretch, observe a few steps a block: enough state */
     if (!rc && pos >= bt && (timed || pos % bt < 4))
-      rc = bp_observe_step(r, s, timed ? &o : &ignore, timed ? &retained : NULL);
+      rc = bp_observe_step(r, s, sc->attend, timed ? &o : &ignore, timed ? &retained : NULL);
+    if (pos == start && !kvt_stats_get(r->e, &st0)) recall0 = st0.recall_ns;
     if (timed) {
       obs[pos - start] = (double)o;
       all[pos - start] = (double)(o + t_len);
@@ -245,6 +260,8 @@ static int bp_scorer_round(bp_run *r, bp_scorer *sc, uint32_t round) {
     }
     if (!rc && (pos + 1) % bt == 0) rc = bp_put_block(r, s);
   }
+  if (!rc && !kvt_stats_get(r->e, &st1))
+    sc->recall_ns[round] = (double)(st1.recall_ns - recall0) / BP_STEPS;
   kvt_seq_release(s);
   if (rc) {
     if (round == 0 && rc == KVT_EOPTION) { /* a scorer that needs input: say so */
@@ -312,6 +329,12 @@ static void bp_free(bp_run *r) {
   free(r->p);
 }
 
+static const char *bp_name(const bp_scorer *sc) {
+  if (sc->recall) return "snapkv+recall";
+  if (sc->attend) return "snapkv+attend";
+  return sc->warm > 0 ? "snapkv+warm" : kvt_policy_name(sc->id);
+}
+
 static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, double plain_ns) {
   uint32_t R = (uint32_t)r->cfg.rounds, L = r->sh.n_layers;
   double worst = 0, worst_plain = 0, worst_max = 0, tiers = 0;
@@ -344,8 +367,6 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
     double obs = median_f64(sc[i].observe_ns, R), reb = median_f64(sc[i].rebalance_ns, R);
     double mx = median_f64(sc[i].max_ns, R), mean = median_f64(sc[i].mean_ns, R);
     double per_obs = obs / (L * sc[i].retained), per_reb = reb / (L * (double)r->n_blocks);
-    char name[48];
-    snprintf(name, sizeof name, "%s%s", kvt_policy_name(sc[i].id), sc[i].warm > 0 ? "+warm" : "");
     if (sc[i].warm > 0) { /* tier moves encode and decode: reported on their own */
       if (reb / attn_ns > tiers) tiers = reb / attn_ns;
     } else {
@@ -354,7 +375,7 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
       if (mx / plain_ns > worst_max) worst_max = mx / plain_ns;
     }
     if (r->cfg.json) {
-      json_obj(&j, name);
+      json_obj(&j, bp_name(&sc[i]));
       json_f64(&j, "observe_ns_per_step", obs);
       json_f64(&j, "observe_ns_per_block_step", per_obs);
       json_f64(&j, "rebalance_ns_per_step", reb);
@@ -363,9 +384,11 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
       json_f64(&j, "rebalance_ns_slowest_step", mx);
       json_f64(&j, "retained_blocks_per_layer", sc[i].retained);
       json_f64(&j, "rebalance_vs_attention", reb / attn_ns);
+      if (sc[i].recall) json_f64(&j, "recall_ns_per_step", median_f64(sc[i].recall_ns, R));
       json_end(&j);
     } else {
-      printf("  %-12s  %15.0f  %8.2f  %17.0f  %8.2f  %12.4f\n", name, obs,
+      printf("  %-12s  %15.0f  %8.2f  %17.0f  %8.2f  %12.4f\n",
+             bp_name(&sc[i]), obs,
              per_obs, reb, per_reb, reb / attn_ns);
     }
   }
@@ -398,6 +421,11 @@ static int bp_main(bp_run *r, const char *dir) {
   /* three tiers: snapkv with half of each budget warm (no cold tier here:
    * promotions dequantize) */
   if (n_sc < BP_SCORERS_MAX) sc[n_sc++] = (bp_scorer){.id = KVT_SCORER_SNAPKV, .warm = 0.5};
+  /* recall's own cost: against the same steps without it */
+  if (n_sc + 2 <= BP_SCORERS_MAX) {
+    sc[n_sc++] = (bp_scorer){.id = KVT_SCORER_SNAPKV, .attend = 1};
+    sc[n_sc++] = (bp_scorer){.id = KVT_SCORER_SNAPKV, .attend = 1, .recall = 1};
+  }
   double attn[BP_ROUNDS_MAX], plain[BP_ROUNDS_MAX];
   for (uint32_t round = 0; round < R && rc == CLI_OK; round++) {
     progress("bench policy: round %u of %u", round + 1, R);

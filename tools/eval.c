@@ -30,7 +30,7 @@ typedef struct eval_cfg {
   const char *model, *tokenizer, *policy, *codec, *input, *trace, *budget_s, *logits;
   const char *profile, *predictor, *warm_s, *warm_codec, *margin_s;
   uint64_t sequences, len, seed, block_tokens;
-  int show, json;
+  int show, json, recall, cold;
   double budget, warm, margin;
 } eval_cfg;
 
@@ -52,6 +52,11 @@ typedef struct eval_run {
   size_t n_seqs;
   kvt_engine *e;
   kvt_ns_id ns;
+  /* the engine the policy runs in: e, or with --recall one of its own
+   * with a cold tier and a hot tier near the budget (eval_open_recall) */
+  kvt_engine *pe;
+  kvt_ns_id pns;
+  kvt_stats pst;                      /* pe's, after the last sequence */
   double *nll, *nll_full, *kl, *top1; /* per-sequence means, [n_scored] of [n_seqs] */
   size_t n_scored;                    /* sequences longer than EVAL_FIRST_TARGET */
   uint64_t positions;
@@ -77,7 +82,7 @@ typedef struct eval_run {
   kvt_stats st;                       /* the engine's, after the last sequence */
 } eval_run;
 
-#define EVAL_N_OPTS 19
+#define EVAL_N_OPTS 21
 
 static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
   const cli_opt opts[EVAL_N_OPTS] = {
@@ -111,6 +116,12 @@ static void eval_opts(eval_cfg *c, cli_opt o[EVAL_N_OPTS]) {
        "write every step's per-layer block masses (docs/trace-format.md)"},
       {"--dump-logits", "FILE", CLI_STR, &c->logits, 0, 0,
        "write each step's logits with kvtier's cache (raw f32, docs/refmodel.md)"},
+      {"--cold", NULL, CLI_FLAG, &c->cold, 0, 0,
+       "run the policy in an engine of its own with a cold tier and a hot tier near the "
+       "budget (the baseline of --recall)"},
+      {"--recall", NULL, CLI_FLAG, &c->recall, 0, 0,
+       "recall evicted blocks from a cold tier when a query's key-sketch bound beats the "
+       "weakest retained block (docs/policy.md, \"Recall\"); implies --cold"},
       {"--show", NULL, CLI_FLAG, &c->show, 0, 0, "print the text of the first sequence"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
   };
@@ -125,7 +136,7 @@ void eval_usage(FILE *f) {
           "usage: kvtier eval --model M [--sequences N] [--len L] [--seed S] [--budget F]\n"
           "                   [--policy P] [--profile FILE] [--predictor FILE]\n"
           "                   [--block-tokens N] [--warm F] [--warm-codec C] [--margin M]\n"
-          "                   [--codec C] [--input FILE]\n"
+          "                   [--codec C] [--input FILE] [--cold] [--recall]\n"
           "                   [--dump-trace FILE] [--dump-logits FILE] [--show] [--json]\n\n"
           "Runs the reference decoder (docs/refmodel.md) with kvtier as its KV cache.\n"
           "Samples N sequences of L tokens from the model with a full cache (temperature\n"
@@ -176,6 +187,11 @@ static int eval_check(eval_run *r) {
   r->bt = c->block_tokens ? (uint32_t)c->block_tokens : REF_BLOCK_TOKENS;
   if (r->pol.scorer == KVT_SCORER_FULL && c->budget < 1)
     return usage_error("--budget below 1 needs a --policy other than full", c->budget_s);
+  r->pol.recall = (uint32_t)c->recall;
+  c->cold |= c->recall;
+  if (c->cold && (r->pol.scorer == KVT_SCORER_FULL || c->codec))
+    return usage_error("--cold and --recall need a --policy other than full, and no --codec",
+                       NULL);
   if (c->codec && ref_codec_parse(c->codec, &r->codec))
     return usage_error("unknown --codec (k8v3, k8cv3, k4v2, ..., or one side: k8, v3, ...)",
                        c->codec);
@@ -238,6 +254,46 @@ static int eval_open(eval_run *r, const char *dir) {
     return cli_engine_error("eval", r->cfg.profile, r->e, rc);
   if (r->cfg.predictor && (rc = kvt_ns_load_predictor(r->e, r->ns, r->cfg.predictor)))
     return cli_engine_error("eval", r->cfg.predictor, r->e, rc);
+  r->pe = r->e;
+  r->pns = r->ns;
+  return CLI_OK;
+}
+
+/* Hot-tier bytes of one layer block of the model at r->bt tokens: its f32
+ * K and V rounded as the engine allocates them, and a descriptor. */
+static uint64_t eval_block_cost(const eval_run *r) {
+  uint64_t payload = 2ull * r->bt * (uint64_t)r->m.c.n_kv_heads * r->m.head_dim * sizeof(float);
+  return ((payload + 63) & ~63ull) + 256;
+}
+
+/* --cold, --recall: the policy runs in an engine of its own, in dir/recall, with a
+ * cold tier every block is written to and a hot tier of the budget plus
+ * 0.15 of one sequence's cache (protected blocks may exceed a share), so
+ * what the policy evicts leaves RAM and a recall reads it from disk. The
+ * first pass (full-cache masses) stays in the plain engine. */
+static int eval_open_recall(eval_run *r, const char *dir) {
+  char sub[PATH_MAX];
+  if (snprintf(sub, sizeof sub, "%s/recall", dir) >= (int)sizeof sub)
+    return cli_lib_error("eval", "the scratch directory's path", -ENAMETOOLONG);
+  kvt_options o;
+  kvt_options_init(&o);
+  uint64_t blocks = ((uint64_t)r->m.c.seq_len / r->bt + 1) * (uint64_t)r->m.c.n_layers;
+  double share = r->cfg.budget + 0.15 > 1 ? 1 : r->cfg.budget + 0.15;
+  o.tier_bytes_limit[KVT_TIER_HOT] =
+      (uint64_t)(share * (double)blocks) * eval_block_cost(r) + 4ull * r->m.c.n_layers * eval_block_cost(r);
+  o.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 30;
+  o.cold_segment_bytes = 8u << 20;
+  if (r->cfg.warm > 0 || r->cfg.profile) /* the policy's warm share, as eval_open */
+    o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
+  int rc = cli_engine_open(sub, &o, &r->pe);
+  if (!rc) rc = rm_ns_register(r->pe, &r->m, r->bt, &r->pns);
+  if (!rc && r->wcodec.warm)
+    rc = kvt_ns_set_codec(r->pe, r->pns, KVT_ALL_LAYERS, r->wcodec.k, r->wcodec.v);
+  if (rc) return cli_engine_error("eval", "opening the recall engine", r->pe, rc);
+  if (r->cfg.profile && (rc = kvt_ns_load_profile(r->pe, r->pns, r->cfg.profile)))
+    return cli_engine_error("eval", r->cfg.profile, r->pe, rc);
+  if (r->cfg.predictor && (rc = kvt_ns_load_predictor(r->pe, r->pns, r->cfg.predictor)))
+    return cli_engine_error("eval", r->cfg.predictor, r->pe, rc);
   return CLI_OK;
 }
 
@@ -388,7 +444,7 @@ static int eval_one(eval_run *r, size_t i, double *lp_full, double *lp) {
   if (rc) return rc;
   rm_dec full, d;
   if ((rc = rm_dec_init(&full, &r->m, NULL, 0))) return rc;
-  if ((rc = rm_dec_init(&d, &r->m, r->e, r->ns))) {
+  if ((rc = rm_dec_init(&d, &r->m, r->pe, r->pns))) {
     rm_dec_free(&full);
     return rc;
   }
@@ -514,6 +570,14 @@ static void eval_print(eval_run *r) {
     json_u64(&j, "block_tokens", r->bt);
     json_u64(&j, "hot_layer_blocks", r->st.tier_blocks[KVT_TIER_HOT]);
     json_u64(&j, "warm_layer_blocks", r->st.tier_blocks[KVT_TIER_WARM]);
+    json_u64(&j, "cold", (uint64_t)r->cfg.cold);
+    json_u64(&j, "recall", (uint64_t)r->cfg.recall);
+    json_u64(&j, "recalls", r->pst.recalls);
+    json_u64(&j, "recall_useful", r->pst.recall_useful);
+    json_u64(&j, "recall_unavailable", r->pst.recall_unavailable);
+    json_u64(&j, "recall_bytes", r->pst.recall_bytes);
+    json_f64(&j, "recall_ms", (double)r->pst.recall_ns * 1e-6);
+    json_u64(&j, "cold_read_bytes", r->pst.cold_read_bytes);
     json_obj(&j, "layers");
     for (uint32_t l = 0; l < L; l++) {
       const layer_acc *a = &r->layers[l];
@@ -544,8 +608,14 @@ static void eval_print(eval_run *r) {
          r->over_positions);
   printf("  missed     %8.4f  of the full cache's attention (%.4f over the next %u steps)\n",
          kept[2], kept[3], EVAL_HORIZON);
-  printf("  engine     %" PRIu64 " layer blocks hot, %" PRIu64 " warm at the end\n\n",
+  printf("  engine     %" PRIu64 " layer blocks hot, %" PRIu64 " warm at the end\n",
          r->st.tier_blocks[KVT_TIER_HOT], r->st.tier_blocks[KVT_TIER_WARM]);
+  if (r->cfg.recall)
+    printf("  recall     %" PRIu64 " blocks recalled (%" PRIu64 " mattered, %" PRIu64
+           " without a cold copy), %" PRIu64 " bytes read, %.1f ms\n",
+           r->pst.recalls, r->pst.recall_useful, r->pst.recall_unavailable, r->pst.recall_bytes,
+           (double)r->pst.recall_ns * 1e-6);
+  printf("\n");
   printf("  layer  mass on top 10%% of blocks  mass on first block\n");
   for (uint32_t l = 0; l < L; l++) {
     const layer_acc *a = &r->layers[l];
@@ -557,6 +627,7 @@ static void eval_print(eval_run *r) {
 /* ---- main ------------------------------------------------------------------------------ */
 
 static void eval_free(eval_run *r) {
+  if (r->pe != r->e) kvt_engine_close(r->pe);
   kvt_engine_close(r->e);
   ref_free_tokens(r->seqs, r->lens, r->n_seqs);
   free(r->nll);
@@ -583,6 +654,7 @@ static int eval_main(eval_run *r, const char *dir) {
     rm_tok_free(&t);
   }
   if ((rc = eval_open(r, dir)) != CLI_OK) return rc;
+  if (r->cfg.cold && (rc = eval_open_recall(r, dir)) != CLI_OK) return rc;
   size_t n = r->n_seqs, V = (size_t)r->m.c.vocab_size, S = (size_t)r->m.c.seq_len;
   r->nll = calloc(n, sizeof(double));
   r->nll_full = calloc(n, sizeof(double));
@@ -631,6 +703,7 @@ static int eval_main(eval_run *r, const char *dir) {
   progress_end();
   free(lp);
   kvt_stats_get(r->e, &r->st);
+  kvt_stats_get(r->pe, &r->pst);
   if (r->tw) {
     int e = trace_close(r->tw);
     r->tw = NULL;
@@ -672,8 +745,9 @@ int cmd_eval(int argc, char **argv) {
     rc = bench_dir_open(&d, NULL, "eval");
     if (rc == CLI_OK) {
       rc = eval_main(r, d.path);
+      if (r->pe != r->e) kvt_engine_close(r->pe);
       kvt_engine_close(r->e);
-      r->e = NULL;
+      r->e = r->pe = NULL;
       bench_dir_close(&d, "eval");
     }
   }

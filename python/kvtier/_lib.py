@@ -91,7 +91,7 @@ POLICY_DEFAULT = 0xFFFFFFFF  # KVT_POLICY_DEFAULT
 class Policy(Structure):
     _fields_ = [("scorer", c_uint32), ("sink_blocks", c_uint32), ("budget", c_double),
                 ("window_blocks", c_uint32), ("delay", c_uint32), ("warm", c_double),
-                ("margin", c_double)]
+                ("margin", c_double), ("recall", c_uint32)]
 
 
 class PolicyInfo(Structure):
@@ -119,7 +119,9 @@ class Stats(Structure):
                 ("cold_checksum_failures", c_uint64), ("cold_write_failures", c_uint64),
                 ("cold_segments", c_uint64), ("cold_segment_bytes", c_uint64),
                 ("cold_reclaims", c_uint64), ("cold_relocated", c_uint64),
-                ("promotions", c_uint64), ("io_backend", c_char * 32), ("io_why", c_char * 160)]
+                ("promotions", c_uint64), ("io_backend", c_char * 32), ("io_why", c_char * 160),
+                ("recalls", c_uint64), ("recall_useful", c_uint64), ("recall_unavailable", c_uint64),
+                ("recall_bytes", c_uint64), ("recall_ns", c_uint64), ("sketch_bytes", c_uint64)]
 
 
 class FsckResult(Structure):

@@ -1,0 +1,48 @@
+/* recall.h - recall from disk (docs/policy.md, "Recall"): a block the
+ * policy evicts keeps a key sketch (per KV head and channel, the min and
+ * max of its keys); when a query's upper bound on the block's mass beats
+ * the weakest evictable retained block, the block comes back from the
+ * cold tier, read ahead of the next step by a prefetch (promote.c). */
+#ifndef KVT_RECALL_H
+#define KVT_RECALL_H
+
+#include <stdint.h>
+
+#include "engine/internal.h"
+
+/* Sketches kept per sequence at most; beyond, the oldest goes. */
+#define KVT_RECALL_MAX_SKETCHES 4096u
+/* Blocks recalled per (sequence, layer) and step at most (one batch). */
+#define KVT_RECALL_PER_STEP 4u
+/* Sketches whose bound one step computes per layer at most, in turn: a
+ * bound costs what attention over one key costs, and with 1-token blocks
+ * there are as many sketches as evicted tokens. */
+#define KVT_RECALL_SCAN 32u
+/* A sketch's bound must beat the weakest retained block's mass by this
+ * factor: the bound of a block of many tokens is loose (every token at the
+ * best key), and a block that just left should not flap back. */
+#define KVT_RECALL_MARGIN 2.0
+
+/* The policy evicts (s, block, layer), still referenced as lb: keep its
+ * sketch when s recalls. With the lock held. */
+void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_lblk *lb);
+/* kvt_seq_observe() of (s, layer) updated the masses: judge the recalled
+ * blocks seen for the first time. With the lock held, before the layer's
+ * budget is applied. */
+void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer);
+/* After kvt_seq_observe() of (s, layer): compare the sketches' bounds for
+ * the layer's last query with the weakest retained blocks and start the
+ * reads of those that win. Without the lock. */
+void kvt_recall_step(kvt_seq *s, uint32_t layer);
+/* Start of kvt_seq_attend() of (s, layer): wait for the recall reads
+ * started at the step before and apply the budget. Without the lock. */
+void kvt_recall_install(kvt_seq *s, uint32_t layer);
+/* kvt_seq_attend() of (s, layer) ran query q (n_q_heads x head_dim) with
+ * scale and got lse over the retained blocks: keep them for the step.
+ * Without the lock. */
+void kvt_recall_note_query(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_heads,
+                           float scale, const float *lse);
+/* Free the sketches of s and its pending recall reads. With the lock held. */
+void kvt_recall_free_locked(kvt_seq *s);
+
+#endif
