@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
-#include "io/io.h"
 #include "tiers/codec.h"
 
 /* ---------- options ---------- */
@@ -103,17 +102,6 @@ static void nsrec_free(kvt_engine *e, kvt_nsrec *ns);
 
 /* ---------- open / close ---------- */
 
-/* A writer has a cold tier when it is given a limit; a reader opens the
- * one the store has, so stat and fsck work beside a live writer. */
-static int want_cold(const kvt_engine *e, const char *dir) {
-  if (!kvt_rdonly(e)) return e->opt.tier_bytes_limit[KVT_TIER_COLD] > 0;
-  char path[4200];
-  if (snprintf(path, sizeof path, "%s/index", dir) >= (int)sizeof path) return 0;
-  if (kvt_io_exists(path)) return 1;
-  snprintf(path, sizeof path, "%s/segments", dir); /* its index lost: say so (KVT_EINDEX) */
-  return kvt_io_exists(path);
-}
-
 /* A writer opened without a cold limit on a store that has a cold tier
  * would show an empty cache over the stored blocks: refused instead.
  * The store records no byte limit (only its segment size), so the caller
@@ -121,9 +109,7 @@ static int want_cold(const kvt_engine *e, const char *dir) {
 static int cold_limit_check(const kvt_engine *e, const char *dir, kvt_error_info *info) {
   if (!dir || kvt_rdonly(e) || kvt_meta_only(e) || e->opt.tier_bytes_limit[KVT_TIER_COLD] > 0)
     return 0;
-  char path[4200];
-  if (snprintf(path, sizeof path, "%s/index", dir) >= (int)sizeof path) return 0;
-  if (!kvt_io_exists(path)) return 0;
+  if (!kvt_store_has_index(dir)) return 0;
   return kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open", "tier_bytes_limit[KVT_TIER_COLD]",
                       "> 0 (the store has a cold tier; or open it with KVT_OPEN_RDONLY)", "0");
 }
@@ -132,11 +118,11 @@ static int cold_limit_check(const kvt_engine *e, const char *dir, kvt_error_info
 static int dir_error(const char *dir, int rc, kvt_error_info *info) {
   if (rc != KVT_ELOCKED)
     return kvt_err_fill(info, rc, "kvt_engine_open", "dir", NULL, "%s (%s)", dir, kvt_strerror(rc));
-  if (kvt_io_dir_readers_only(dir))
+  int pid;
+  if (kvt_store_lock_holder(dir, &pid))
     return kvt_err_fill(info, rc, "kvt_engine_open", "dir", "no reader holding the store shared",
                         "held shared by a read-only open of %s (one without write access to "
                         "its index lock file keeps writers out while it runs)", dir);
-  int pid = kvt_io_lock_owner(dir);
   if (pid == (int)getpid())
     return kvt_err_fill(info, rc, "kvt_engine_open", "LOCK",
                         "no other writer (close the other engine first)",
@@ -146,6 +132,26 @@ static int dir_error(const char *dir, int rc, kvt_error_info *info) {
                         "held by process %d, which has %s open for writing", pid, dir);
   return kvt_err_fill(info, rc, "kvt_engine_open", "LOCK", "no other writer",
                       "held by another writer of %s", dir);
+}
+
+/* The durable tier below RAM that the options and the directory call for
+ * (tiers/store.c picks the implementation), or none. */
+static int store_open(kvt_engine *e, const char *dir) {
+  const kvt_options *o = &e->opt;
+  kvt_store_config c = {.dir = dir, .rdonly = kvt_rdonly(e), .meta_only = kvt_meta_only(e),
+                        .nocreate = (o->flags & KVT_OPEN_NOCREATE) != 0,
+                        .bytes_limit = o->tier_bytes_limit[KVT_TIER_COLD],
+                        .segment_bytes = o->cold_segment_bytes,
+                        .map_bytes = o->cold_index_bytes, .group_bytes = o->cold_group_bytes,
+                        .compress = (int)o->cold_compress, .zstd_level = 1,
+                        .evict_policy = (int)o->cold_evict, .io_backend = o->io_backend,
+                        .io_depth = o->io_depth};
+  c.fault.ops = o->test_fault.ops;
+  c.fault.kind = o->test_fault.kind;
+  c.fault.after = o->test_fault.after;
+  c.fault.count = o->test_fault.count;
+  c.fault.seed = o->test_fault.seed;
+  return kvt_store_open(&e->mem, &c, &e->store);
 }
 
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
@@ -198,23 +204,22 @@ int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **o
     rc = -rc;
     goto fail;
   }
-  if (dir) rc = kvt_io_dir_open(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
+  if (dir) rc = kvt_store_lock(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
   if (rc) dir_error(dir, rc, info);
   if (!rc) rc = cold_limit_check(e, dir, info);
-  if (!rc && kvt_meta_only(e) && o.tier_bytes_limit[KVT_TIER_COLD] > 0) rc = kvt_mcold_start(e);
-  else if (!rc && dir && !kvt_meta_only(e) && want_cold(e, dir)) rc = kvt_cold_start(e, dir);
-  if (!rc && e->cold) rc = kvt_ns_load(e);
+  if (!rc) rc = store_open(e, dir);
+  if (!rc) rc = kvt_flush_start(e);
+  if (!rc && e->store) rc = kvt_ns_load(e);
   if (rc && info && !info->code)
     kvt_err_fill(info, rc, "kvt_engine_open", "store", NULL, "%s (%s)",
                  dir ? dir : "(metadata-only)", kvt_strerror(rc));
   if (rc) {
     pthread_mutex_lock(&e->lock);
-    if (e->cold) kvt_cold_stop(e);
-    kvt_cold_meta_close(e->mcold);
+    kvt_flush_stop(e);
     for (uint32_t i = 0; i < e->n_ns; i++)
       if (e->ns[i]) nsrec_free(e, e->ns[i]);
     pthread_mutex_unlock(&e->lock);
-    kvt_io_dir_close(e->lock_fd);
+    kvt_store_unlock(e->lock_fd);
     pthread_mutex_destroy(&e->lock);
     goto fail;
   }
@@ -243,20 +248,18 @@ static void nsrec_free(kvt_engine *e, kvt_nsrec *ns) {
 void kvt_engine_close(kvt_engine *e) {
   if (!e) return;
   pthread_mutex_lock(&e->lock);
-  if (e->cold) kvt_cold_stop(e); /* drains the flush queue first */
+  kvt_flush_stop(e); /* drains the flush queue first, closes the store */
   while (e->loads.next != &e->loads) kvt_load_free_locked(e->loads.next);
   while (e->seqs.next != &e->seqs) kvt_seq_free_locked(e->seqs.next);
   for (size_t i = 0; i < e->n_buckets; i++)
     while (e->buckets[i]) kvt_drop_tblk(e, e->buckets[i]);
   for (uint32_t i = 0; i < e->n_ns; i++)
     if (e->ns[i]) nsrec_free(e, e->ns[i]);
-  kvt_cold_meta_close(e->mcold);
-  e->mcold = NULL;
   assert(e->n_tblks == 0 && e->tier[KVT_TIER_HOT].bytes_used == 0);
   pthread_mutex_unlock(&e->lock);
   pthread_mutex_destroy(&e->lock);
-  kvt_io_dir_close(e->lock_fd);
-  kvt_io_event_close(e->event_fd); /* after the cold tier's readers stopped */
+  kvt_store_unlock(e->lock_fd);
+  kvt_event_close(e); /* after the store's readers stopped */
   kvt_err_table_fini(&e->err);
   free(e->buckets);
   free(e->ns);
@@ -280,12 +283,11 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
   st->other_bytes = kvt_mem_bytes(&e->mem, KVT_MEM_OTHER);
   st->total_bytes = kvt_mem_total(&e->mem);
   st->token_blocks = e->n_tblks;
-  kvt_cold *cold = e->cold;
-  kvt_cold_stats cs;
-  if (e->mcold) kvt_cold_meta_stats(e->mcold, &cs);
+  kvt_store *store = e->store; /* closed only by kvt_engine_close */
+  kvt_store_stats cs;
   pthread_mutex_unlock(&e->lock);
-  if (cold) kvt_cold_stats_get(cold, &cs);
-  if (cold || e->mcold) {
+  if (store) kvt_store_stats_get(store, &cs);
+  if (store) {
     st->cold_records = cs.records;
     st->cold_reads = cs.reads;
     st->cold_read_bytes = cs.read_bytes;
@@ -319,7 +321,7 @@ size_t kvt_dtype_size(uint32_t dtype) {
 
 uint64_t kvt_cold_record_bytes(const kvt_shape *s) {
   if (!s || kvt_shape_check(s)) return 0;
-  return kvt_cold_record_max(s->n_layers, (uint32_t)kvt_shape_block_bytes(s));
+  return kvt_store_record_bytes(s->n_layers, (uint32_t)kvt_shape_block_bytes(s));
 }
 
 size_t kvt_shape_block_bytes(const kvt_shape *s) {
@@ -500,10 +502,10 @@ static int ns_add_locked(kvt_engine *e, const kvt_ns_desc *d, int persist, kvt_n
   if (slot >= e->opt.max_namespaces) return KVT_ELIMIT;
   kvt_nsrec *ns = nsrec_new(e, d);
   if (!ns) return -ENOMEM;
-  if (persist && kvt_cold_on(e)) { /* persisted before anything of it can be */
+  if (persist && kvt_flush_on(e)) { /* persisted before anything of it can be */
     uint8_t enc[KVT_NS_ENCODE_MAX];
     size_t len = kvt_ns_encode(&ns->desc, enc, sizeof enc);
-    int rc = kvt_cold_ns_put(e->cold, &ns->seed, enc, len);
+    int rc = kvt_store_ns_put(e->store, &ns->seed, enc, len);
     if (rc) {
       nsrec_free(e, ns);
       return rc;
@@ -529,7 +531,7 @@ int kvt_ns_register(kvt_engine *e, const kvt_ns_desc *d, kvt_ns_id *out) {
   return rc;
 }
 
-/* kvt_cold_ns_each callback: a namespace the store already has. */
+/* kvt_store_ns_each callback: a namespace the store already has. */
 static int ns_load_one(void *arg, const kvt_key *seed, const uint8_t *enc, size_t len) {
   kvt_engine *e = arg;
   kvt_ns_desc d;
@@ -544,7 +546,7 @@ static int ns_load_one(void *arg, const kvt_key *seed, const uint8_t *enc, size_
 
 int kvt_ns_load(kvt_engine *e) {
   pthread_mutex_lock(&e->lock);
-  int rc = kvt_cold_ns_each(e->cold, ns_load_one, e);
+  int rc = kvt_store_ns_each(e->store, ns_load_one, e);
   pthread_mutex_unlock(&e->lock);
   return rc;
 }
@@ -681,7 +683,7 @@ int kvt_ns_drop(kvt_engine *e, kvt_ns_id id) {
     kvt_key seed = ns->seed;
     nsrec_free(e, ns);
     e->st.namespaces--;
-    if (kvt_cold_on(e)) rc = kvt_cold_drop(e->cold, &seed, NULL, 0, NULL);
+    if (kvt_flush_on(e)) rc = kvt_store_drop(e->store, &seed, NULL, 0, NULL);
   }
   pthread_mutex_unlock(&e->lock);
   return rc;
@@ -842,7 +844,7 @@ void kvt_lblk_unpin(kvt_engine *e, kvt_lblk *b) {
  * With one: also let durable referenced blocks leave RAM, and wait for the
  * flusher when what pins the tier is waiting to be written. */
 int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
-  if (!kvt_cold_any(e) && !kvt_tier_can_fit(t, cost)) return KVT_EFULL;
+  if (!kvt_store_any(e) && !kvt_tier_can_fit(t, cost)) return KVT_EFULL;
   if (cost > t->bytes_limit) return KVT_EFULL;
   while (t->bytes_used + cost > t->bytes_limit) {
     kvt_lblk *v = kvt_tier_lru_victim(t);
@@ -851,8 +853,8 @@ int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
       lblk_destroy(e, v);
     } else if ((v = durable_victim(t))) {
       to_cold(e, v);
-    } else if (kvt_cold_on(e) && kvt_cold_pending(e)) {
-      kvt_cold_wait_room(e);
+    } else if (kvt_flush_on(e) && kvt_flush_pending(e)) {
+      kvt_flush_wait_room(e);
     } else {
       return KVT_EFULL;
     }
@@ -929,8 +931,8 @@ int kvt_hot_make_room(kvt_engine *e, uint64_t cost) {
   if (cost > hot->bytes_limit) return KVT_EFULL;
   while (hot->bytes_used + cost > hot->bytes_limit) {
     kvt_lblk *v = kvt_tier_oldest(hot);
-    if (!v && kvt_cold_on(e) && kvt_cold_pending(e)) { /* what is written lets go */
-      kvt_cold_wait_room(e);
+    if (!v && kvt_flush_on(e) && kvt_flush_pending(e)) { /* what is written lets go */
+      kvt_flush_wait_room(e);
       continue;
     }
     if (!v && (v = held_victim(hot))) {
@@ -958,18 +960,18 @@ int kvt_publish(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b, int ti
    * KVT_ADMIT_PROMPT); a block short of min_seen is held, to be written
    * if it is seen again while referenced. */
   int maybe = e->opt.cold_admit != KVT_ADMIT_PROMPT || tb->prompt;
-  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload && maybe) {
+  if (kvt_flush_on(e) && !tb->cold && tier == KVT_TIER_HOT && b->payload && maybe) {
     b->held = 1; /* keep the exact bytes until they are written */
     kvt_lblk_pin(e, b);
   }
-  if (kvt_cold_on(e) && !tb->cold && tier == KVT_TIER_WARM && kvt_cold_admissible(e, tb))
+  if (kvt_flush_on(e) && !tb->cold && tier == KVT_TIER_WARM && kvt_flush_admissible(e, tb))
     tb->cold_err = KVT_ENOTDURABLE; /* born warm: no exact copy to write */
-  kvt_cold_consider(e, tb);
+  kvt_flush_consider(e, tb);
   return 0;
 }
 
 int kvt_born_cold(const kvt_engine *e, size_t each) {
-  return e->mcold && !kvt_warm_on(e) &&
+  return (kvt_store_caps(e->store) & KVT_STORE_INLINE) && !kvt_warm_on(e) &&
          kvt_lblk_desc_bytes() + kvt_mem_round(2 * each) > e->tier[KVT_TIER_HOT].bytes_limit;
 }
 
@@ -982,7 +984,7 @@ void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b) 
   kvt_mem_move(&e->mem, KVT_MEM_HOT, KVT_MEM_INDEX, kvt_lblk_desc_bytes());
   tb->layers[layer] = b;
   tb->n_present++;
-  kvt_cold_consider(e, tb);
+  kvt_flush_consider(e, tb);
 }
 
 int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out) {
@@ -1072,14 +1074,7 @@ int kvt_lookup(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tok
       pthread_mutex_unlock(&e->lock);
       if (j == m) break;
       /* Not in RAM: the cold tier may have this block and more. */
-      size_t c = 0;
-      if (e->cold) {
-        c = kvt_cold_prefix(e->cold, keys + j, m - j);
-      } else if (e->mcold) {
-        pthread_mutex_lock(&e->lock);
-        c = kvt_cold_meta_prefix(e->mcold, keys + j, m - j);
-        pthread_mutex_unlock(&e->lock);
-      }
+      size_t c = e->store ? kvt_store_prefix(e->store, keys + j, m - j) : 0;
       for (size_t k = 0; k < c; k++, found++)
         lookup_entry(found < max_out ? &out[found] : NULL, &keys[j + k], KVT_TIER_COLD, cold_us);
       j += c;
@@ -1178,14 +1173,13 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
         count += !tb->cold;
         kvt_drop_tblk(e, tb);
       }
-      if (kvt_cold_on(e) && i + 1 < n) count += kvt_cold_remove(e->cold, &cur) == 0;
-      if (e->mcold) count += kvt_cold_meta_remove(e->mcold, &cur) == 0; /* not what extends it */
+      if (kvt_store_any(e) && i + 1 < n) count += kvt_store_remove(e->store, &cur) == 0;
     }
   }
   pthread_mutex_unlock(&e->lock);
-  if (!rc && kvt_cold_on(e)) { /* the last block and all that extends it, durably */
+  if (!rc && kvt_store_any(e)) { /* the last block and all that extends it, durably */
     uint64_t cold_n = 0;
-    rc = kvt_cold_drop(e->cold, &seed, &cur, (uint32_t)(n - 1), &cold_n);
+    rc = kvt_store_drop(e->store, &seed, &cur, (uint32_t)(n - 1), &cold_n);
     count += cold_n;
   }
   if (dropped) *dropped = count;

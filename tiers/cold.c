@@ -2399,6 +2399,7 @@ int kvt_cold_post(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *poste
 /* ---------- asynchronous reads ---------- */
 
 struct kvt_cold_batch {
+  kvt_store_batch base;        /* first: waited for through the store interface */
   pthread_mutex_t m;
   pthread_cond_t cv;
   size_t pending;
@@ -2792,11 +2793,15 @@ static void reader_stop(kvt_cold *c) {
   c->readers_on = 0;
 }
 
+static void batch_wait(kvt_store_batch *b) { kvt_cold_read_wait((kvt_cold_batch *)b); }
+static int batch_done(kvt_store_batch *b) { return kvt_cold_read_done((kvt_cold_batch *)b); }
+
 int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out) {
   *out = NULL;
   if (n == 0) return KVT_ECOUNT;
   kvt_cold_batch *b = malloc(sizeof *b);
   if (!b) return -ENOMEM;
+  b->base = (kvt_store_batch){.wait = batch_wait, .done = batch_done};
   pthread_mutex_init(&b->m, NULL);
   pthread_cond_init(&b->cv, NULL);
   b->pending = n;
