@@ -4,7 +4,9 @@
  * and the eviction order in cold_reclaim.c (private state: cold_internal.h). */
 #include "tiers/cold_internal.h"
 
-/* ---------- segment table ---------- */
+/* ---------- segment table ----------
+ * Its states and the function making each transition: cold_internal.h,
+ * above enum seg_state. */
 
 static void seg_row(const seg *s, uint8_t row[32]) {
   kvt_le_put64(row, s->gen);

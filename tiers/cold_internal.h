@@ -33,6 +33,33 @@
 #define MAX_SEGS 65536u
 #define LOCK_FILE_BYTES (64u << 10) /* LMDB's lock file, allocated up front: room for ~1000 readers */
 
+/* The segment state machine. A segment's state is kept in memory (the
+ * segment table, under st_lock) and in the index's segment rows
+ * (cold_seg_save), which open reads back (segs_load in cold.c).
+ *
+ *   (none) --> OPEN    seg_for_locked (cold_write.c): no free segment, a
+ *                      new file is made (generation 1) and becomes active.
+ *   FREE   --> OPEN    seg_for_locked: a free segment is reused; its
+ *                      generation is bumped first, so entries into its
+ *                      old life can no longer match.
+ *   OPEN   --> FULL    seg_for_locked: the active segment has no room for
+ *                      the next record (sealed); reclaim_one
+ *                      (cold_reclaim.c): the active one is sealed before
+ *                      it is reclaimed; segs_load: an OPEN row other than
+ *                      the first, or whose file is unusable.
+ *   FULL   --> FREE    relocate_and_free (cold_reclaim.c): the referenced
+ *                      records were written elsewhere and every other
+ *                      entry left the index in the same transaction,
+ *                      synced before the segment is reused ("reclaimed");
+ *                      segs_free_unusable (cold_index.c, fsck repair): the
+ *                      file is lost.
+ *   FREE   --> FULL    relocate_and_free: its transaction did not commit,
+ *                      so memory follows the index back.
+ *   FULL   --> OPEN    reclaim_one: the active segment it sealed was not
+ *                      reclaimed after all; appending to it resumes.
+ *
+ * Only OPEN is appended to (one at a time: c->active); only FULL is
+ * reclaimed (victim_seg); a FREE segment holds no entry. */
 enum seg_state { SEG_FREE = 0, SEG_OPEN = 1, SEG_FULL = 2 };
 
 typedef struct seg {
@@ -49,8 +76,9 @@ typedef struct seg {
 
 typedef struct carry {
   kvt_cold_rec rec;
-  uint8_t *raw;                /* all layers' K||V */
-  const uint8_t **layers;
+  uint8_t *raw;                /* all layers' K||V (raw_bytes, counted in c->mem) */
+  const uint8_t **layers;      /* [n_ptrs], counted in c->mem */
+  size_t raw_bytes, n_ptrs;
 } carry;
 
 struct kvt_cold {

@@ -43,18 +43,20 @@ static int victim_seg(kvt_cold *c) {
   return best;
 }
 
-static void carry_free(carry *cy, size_t n) {
+static void carry_free(kvt_cold *c, carry *cy, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    free(cy[i].raw);
-    free(cy[i].layers);
+    kvt_mem_free(c->mem, KVT_MEM_OTHER, cy[i].raw, cy[i].raw_bytes);
+    kvt_mem_free(c->mem, KVT_MEM_OTHER, cy[i].layers, cy[i].n_ptrs * sizeof *cy[i].layers);
   }
 }
 
 /* Read every layer of entry e back into a carry record. */
 static int carry_load(kvt_cold *c, const kvt_cold_entry *e, carry *cy) {
   size_t each = e->bytes_each, L = e->n_layers;
-  cy->raw = malloc(2 * each * L);
-  cy->layers = malloc(L * sizeof *cy->layers);
+  cy->raw = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, 2 * each * L);
+  cy->layers = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, L * sizeof *cy->layers);
+  cy->raw_bytes = cy->raw ? 2 * each * L : 0; /* carry_free frees what was had */
+  cy->n_ptrs = cy->layers ? L : 0;
   if (!cy->raw || !cy->layers) return -ENOMEM;
   for (uint32_t l = 0; l < L; l++) {
     uint8_t *p = cy->raw + 2 * each * l;
@@ -109,11 +111,11 @@ static int relocate_and_free(kvt_cold *c, const victim *vic, const kvt_cold_entr
                              const carry *cy, size_t n_cy) {
   int rc = 0;
   if (n_cy) {
-    kvt_cold_rec *cr = malloc(n_cy * sizeof *cr);
+    kvt_cold_rec *cr = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, n_cy * sizeof *cr);
     if (!cr) return -ENOMEM;
     for (size_t i = 0; i < n_cy; i++) cr[i] = cy[i].rec;
     rc = cold_write_sync(c, cr, n_cy, vic, NULL);
-    free(cr);
+    kvt_mem_free(c->mem, KVT_MEM_OTHER, cr, n_cy * sizeof *cr);
     if (rc) return rc == KVT_EFULL ? 0 : rc;
   }
   MDB_txn *t;
@@ -178,8 +180,8 @@ static int64_t reclaim_one(kvt_cold *c) {
   size_t n;
   int rc = seg_entries(c, vic.id, &ents, &n);
   if (rc) return rc;
-  carry *cy = n ? calloc(n, sizeof *cy) : NULL;
-  uint64_t kept = 0, *sizes = n ? malloc(n * sizeof *sizes) : NULL;
+  carry *cy = n ? kvt_mem_calloc(c->mem, KVT_MEM_OTHER, n * sizeof *cy) : NULL;
+  uint64_t kept = 0, *sizes = n ? kvt_mem_alloc(c->mem, KVT_MEM_OTHER, n * sizeof *sizes) : NULL;
   size_t n_cy = 0;
   if (n && (!cy || !sizes)) rc = -ENOMEM;
   for (size_t i = 0; i < n && !rc; i++) {
@@ -188,7 +190,7 @@ static int64_t reclaim_one(kvt_cold *c) {
     int r = carry_load(c, &ents[i], x);
     if (r == KVT_ECORRUPT || r == KVT_ENOTFOUND) { /* unreadable: it was lost already */
       if (c->lost) c->lost(c->keep_arg, &ents[i].key); /* the engine counted it durable */
-      carry_free(x, 1);
+      carry_free(c, x, 1);
       *x = (carry){0};
       n_cy--;
     } else if (r) {
@@ -210,9 +212,9 @@ static int64_t reclaim_one(kvt_cold *c) {
   if (!rc && worth && cold_fits(c, sizes, n_cy, 0))
     freed = (rc = relocate_and_free(c, &vic, ents, n, cy, n_cy)) > 0;
   cold_gone_clear(c); /* removed for good, or not removed after all */
-  carry_free(cy, n_cy);
-  free(cy);
-  free(sizes);
+  if (cy) carry_free(c, cy, n_cy);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, cy, n * sizeof *cy);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, sizes, n * sizeof *sizes);
   free(ents);
   if (!freed && was_active && c->active < 0 && c->segs[id].state == SEG_FULL) {
     pthread_mutex_lock(&c->st_lock); /* not reclaimed after all: append to it again */
