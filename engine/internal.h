@@ -159,7 +159,7 @@ static inline int kvt_meta_only(const kvt_engine *e) {
   return (e->opt.flags & KVT_OPEN_METADATA_ONLY) != 0;
 }
 
-/* engine.c, with e->lock held */
+/* engine_index.c, engine_place.c, engine_ns.c: with e->lock held */
 kvt_nsrec *kvt_ns_find(kvt_engine *e, kvt_ns_id id);
 kvt_tblk *kvt_index_find(kvt_engine *e, const kvt_key *k);
 void kvt_index_insert(kvt_engine *e, kvt_tblk *tb);
@@ -190,8 +190,12 @@ static inline uint64_t kvt_layer_seed(const kvt_nsrec *ns, uint32_t layer) {
 int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out);
 void kvt_drop_tblk(kvt_engine *e, kvt_tblk *tb);
 
-/* engine.c: namespaces the store already has */
+/* engine_ns.c: namespaces the store already has */
 int kvt_ns_load(kvt_engine *e);
+
+/* Shared between engine.c and its neighbours (engine_*.c). */
+void kvt_nsrec_free(kvt_engine *e, kvt_nsrec *ns); /* engine.c */
+int kvt_ns_chain_params(kvt_engine *e, kvt_ns_id id, kvt_key *seed, uint32_t *bt); /* engine_ns.c */
 
 /* flush.c: the store's writer. start sets the store's hooks and, for a
  * store written in the background (not KVT_STORE_INLINE) and writable,
