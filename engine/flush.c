@@ -1,6 +1,6 @@
-/* flush.c - the engine's side of the cold tier: which token blocks go
- * there (complete in every layer, exact, admitted), the flusher thread that
- * writes them in groups, kvt_sync() and the durable watermark.
+/* flush.c - the engine's side of the store (tiers/store.h): which token
+ * blocks go there (complete in every layer, exact, admitted), the flusher
+ * thread that writes them in groups, kvt_sync() and the durable watermark.
  *
  * A hot layer block published while the cold tier is on holds a pin
  * (lblk.held) until its token block is durable, so it can be neither
@@ -8,7 +8,7 @@
  * go early when no sequence references the block any more or admission
  * says no. The pinned payloads are read (copied into the cold tier's
  * staging buffers) outside the engine lock. Lock order: engine lock,
- * never held across kvt_cold_post() or kvt_cold_drain(). */
+ * never held across kvt_store_post() or kvt_store_drain(). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,38 +38,42 @@ static void release_holds(kvt_engine *e, kvt_tblk *tb) {
   kvt_tblk_maybe_free(e, tb);
 }
 
-int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb) {
+int kvt_flush_admissible(const kvt_engine *e, const kvt_tblk *tb) {
   if (e->opt.cold_admit == KVT_ADMIT_PROMPT && !tb->prompt) return 0;
   return tb->seen >= e->opt.cold_admit_min_seen;
 }
 
-/* Metadata-only: "written" at once, in memory, when complete in every
- * layer in exact form (hot, or computed by the caller straight for the
- * cold tier) and admitted; the record is charged its size on disk. */
-static void meta_consider(kvt_engine *e, kvt_tblk *tb) {
+/* An INLINE store (metadata-only): "written" at once, under the lock,
+ * when complete in every layer in exact form (hot, or computed by the
+ * caller straight for the cold tier) and admitted; the record is charged
+ * its size on disk. */
+static void inline_consider(kvt_engine *e, kvt_tblk *tb) {
   if (tb->cold || !tb->indexed || tb->n_present != tb->n_layers) return;
-  if (!kvt_cold_admissible(e, tb)) return;
+  if (!kvt_flush_admissible(e, tb)) return;
   for (uint32_t l = 0; l < tb->n_layers; l++)
     if (tb->layers[l]->tier == KVT_TIER_WARM || tb->layers[l]->approx)
       return; /* approximate: not what cold keeps */
-  uint64_t rec = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
-  if (!kvt_cold_meta_admit(e->mcold, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) return;
-  if (kvt_cold_meta_write(e->mcold, &tb->key, &tb->parent, rec) == 0) {
+  kvt_store_rec r = {.key = tb->key, .parent = tb->parent, .ns_seed = tb->ns->seed,
+                     .pos = tb->pos, .n_layers = tb->n_layers, .dtype = tb->ns->desc.shape.dtype,
+                     .bytes_each = (uint32_t)tb->ns->bytes_each};
+  uint64_t rec = kvt_store_record_max(e->store, r.n_layers, r.bytes_each);
+  if (!kvt_store_admit(e->store, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) return;
+  if (kvt_store_write(e->store, &r, 1, NULL) == 0) {
     tb->cold = 1;
     e->st.cold_written++;
     kvt_event_signal(e);
   }
 }
 
-void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
-  if (e->mcold) {
-    meta_consider(e, tb);
+void kvt_flush_consider(kvt_engine *e, kvt_tblk *tb) {
+  if (kvt_store_caps(e->store) & KVT_STORE_INLINE) {
+    inline_consider(e, tb);
     return;
   }
-  if (!kvt_cold_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
-  if (!kvt_cold_admissible(e, tb)) return; /* may be admitted on a later append */
-  if (!kvt_cold_admit(e->cold, &tb->key, &tb->parent, tb->pos, tb->ns->id,
-                      kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each)))
+  if (!kvt_flush_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
+  if (!kvt_flush_admissible(e, tb)) return; /* may be admitted on a later append */
+  if (!kvt_store_admit(e->store, &tb->key, &tb->parent, tb->pos, tb->ns->id,
+                       kvt_store_record_max(e->store, tb->n_layers, (uint32_t)tb->ns->bytes_each)))
     return; /* (KVT_EVICT_LEARNED) not worth a write: let go when idle */
   for (uint32_t l = 0; l < tb->n_layers; l++) /* the queue relies on every layer's pin */
     if (!tb->layers[l]->held) {
@@ -85,25 +89,25 @@ void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb) {
   if (e->enqueued == e->completed) e->tc.durable_ns = kvt_hist_now_ns(); /* the lag starts */
   e->enqueued++;
   e->st.cold_queued++;
-  kvt_cold_backlog(e);
+  kvt_flush_backlog(e);
   pthread_cond_signal(&e->work);
 }
 
 /* With the lock held: is there work behind what the flusher hands over
  * (blocks queued, or a thread waiting for RAM that writing frees)? The
- * cold tier compresses only while writing keeps up (kvt_cold_set_backlog). */
-void kvt_cold_backlog(kvt_engine *e) {
+ * store compresses only while writing keeps up (kvt_cold_set_backlog). */
+void kvt_flush_backlog(kvt_engine *e) {
   __atomic_store_n(&e->cold_backlog, e->fq_head != NULL || e->room_waiters > 0, __ATOMIC_RELAXED);
 }
 
-int kvt_cold_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
+int kvt_flush_pending(const kvt_engine *e) { return e->fq_head != NULL || e->enqueued != e->completed; }
 
-void kvt_cold_wait_room(kvt_engine *e) {
+void kvt_flush_wait_room(kvt_engine *e) {
   e->room_waiters++;
-  kvt_cold_backlog(e);
+  kvt_flush_backlog(e);
   pthread_cond_wait(&e->flushed, &e->lock);
   e->room_waiters--;
-  kvt_cold_backlog(e);
+  kvt_flush_backlog(e);
 }
 
 /* Groups handed to the cold tier at once, at most: it builds the next
@@ -122,7 +126,7 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
   unsigned groups = 0;
   const kvt_tblk *tb = e->fq_head;
   for (; tb && n < max; tb = tb->fq_next) {
-    uint64_t b = kvt_cold_record_max(tb->n_layers, (uint32_t)tb->ns->bytes_each);
+    uint64_t b = kvt_store_record_max(e->store, tb->n_layers, (uint32_t)tb->ns->bytes_each);
     if (in_group && in_group + b > e->opt.cold_group_bytes) { /* a group closes before tb */
       cut = n;
       in_group = 0;
@@ -138,7 +142,7 @@ static size_t take_group(kvt_engine *e, kvt_tblk **out, size_t max) {
     e->st.cold_queued--;
   }
   if (!e->fq_head) e->fq_tail = NULL;
-  kvt_cold_backlog(e);
+  kvt_flush_backlog(e);
   return n;
 }
 
@@ -155,7 +159,7 @@ static void block_done(kvt_engine *e, kvt_tblk *tb, int err) {
      * entry (found durable, or skipped as written). Under the engine lock
      * (then LMDB's writer lock, as docs/concurrency.md allows), so none
      * can enter between the look and the removal. */
-    if (!kvt_index_find(e, &tb->key)) kvt_cold_remove(e->cold, &tb->key);
+    if (!kvt_index_find(e, &tb->key)) kvt_store_remove(e->store, &tb->key);
   } else if (ok) {
     tb->cold = 1;
   }
@@ -166,7 +170,7 @@ static void block_done(kvt_engine *e, kvt_tblk *tb, int err) {
   e->completed++;
 }
 
-/* A hand-over of token blocks to the cold tier. kvt_cold_post returns
+/* A hand-over of token blocks to the store. kvt_store_post returns
  * once they are built into its pipeline; its committer then tells, group
  * by group, which are durable (reported durable and let go at once, so
  * callers waiting for room go on) and which failed, while the flusher
@@ -197,13 +201,13 @@ static void group_settled(void *arg, size_t from, size_t to, int rc) {
 }
 
 /* Hand g[0..n) over (payloads pinned: read with no lock held). */
-static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
+static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_store_rec *recs,
                       const uint8_t **ptrs) {
   size_t np = 0;
   for (size_t i = 0; i < n; i++) {
     kvt_tblk *tb = g[i];
     const kvt_shape *sh = &tb->ns->desc.shape;
-    recs[i] = (kvt_cold_rec){.key = tb->key, .parent = tb->parent, .ns_seed = tb->ns->seed,
+    recs[i] = (kvt_store_rec){.key = tb->key, .parent = tb->parent, .ns_seed = tb->ns->seed,
                              .pos = tb->pos, .n_layers = tb->n_layers, .dtype = sh->dtype,
                              .bytes_each = (uint32_t)tb->ns->bytes_each, .layers = ptrs + np};
     for (uint32_t l = 0; l < tb->n_layers; l++) ptrs[np++] = tb->layers[l]->payload;
@@ -211,17 +215,18 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
   /* The eviction order chooses what goes before segments are reclaimed;
    * an error there only leaves the choice to reclaiming. */
   uint64_t need = 0;
-  for (size_t i = 0; i < n; i++) need += kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
-  kvt_cold_evict_for(e->cold, need);
+  for (size_t i = 0; i < n; i++)
+    need += kvt_store_record_max(e->store, recs[i].n_layers, recs[i].bytes_each);
+  kvt_store_evict_for(e->store, need);
   flush_batch *fb = malloc(sizeof *fb + n * sizeof *g);
   size_t posted = 0;
   int rc = -ENOMEM;
   if (fb) {
     *fb = (flush_batch){.e = e, .left = n + 1}; /* ours until post returns */
     memcpy(fb->g, g, n * sizeof *g);
-    rc = kvt_cold_post(e->cold, recs, n, &posted, group_settled, fb);
+    rc = kvt_store_post(e->store, recs, n, &posted, group_settled, fb);
   }
-  if (!fb || posted < n) kvt_cold_drain(e->cold); /* what went before is told of first */
+  if (!fb || posted < n) kvt_store_drain(e->store); /* what went before is told of first */
   pthread_mutex_lock(&e->lock);
   for (size_t i = posted; i < n; i++) block_done(e, g[i], rc ? rc : -EIO); /* not written */
   if (rc && posted < n && !e->cold_err) e->cold_err = rc; /* else told in order */
@@ -235,7 +240,7 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_cold_rec *recs,
 static void *flusher_main(void *arg) {
   kvt_engine *e = arg;
   kvt_tblk *g[GROUP_MAX];
-  kvt_cold_rec *recs = malloc(GROUP_MAX * sizeof *recs);
+  kvt_store_rec *recs = malloc(GROUP_MAX * sizeof *recs);
   const uint8_t **ptrs = NULL;
   size_t ptrs_cap = 0;
   pthread_mutex_lock(&e->lock);
@@ -243,7 +248,7 @@ static void *flusher_main(void *arg) {
     while (!e->fq_head && !e->stop) pthread_cond_wait(&e->work, &e->lock);
     if (!e->fq_head) break; /* stop, and everything queued is handed over */
     pthread_mutex_unlock(&e->lock); /* hand over what is queued once it can be built: */
-    kvt_cold_wait_stage(e->cold);   /* meanwhile more is queued (batches grow under load) */
+    kvt_store_wait_stage(e->store); /* meanwhile more is queued (batches grow under load) */
     pthread_mutex_lock(&e->lock);
     size_t n = take_group(e, g, GROUP_MAX), need = 0;
     for (size_t i = 0; i < n; i++) need += g[i]->n_layers;
@@ -263,7 +268,7 @@ static void *flusher_main(void *arg) {
       pthread_mutex_lock(&e->lock);
       continue;
     }
-    kvt_cold_drain(e->cold); /* blocks finish in the order they were queued */
+    kvt_store_drain(e->store); /* blocks finish in the order they were queued */
     pthread_mutex_lock(&e->lock);
     for (size_t i = 0; i < n; i++) block_done(e, g[i], rc);
     if (!e->cold_err) e->cold_err = rc;
@@ -271,28 +276,10 @@ static void *flusher_main(void *arg) {
     kvt_event_signal(e);
   }
   pthread_mutex_unlock(&e->lock);
-  kvt_cold_drain(e->cold); /* what was handed over settles before the tier closes */
+  kvt_store_drain(e->store); /* what was handed over settles before the tier closes */
   free(recs);
   free(ptrs);
   return NULL;
-}
-
-static void cold_config(const kvt_engine *e, const char *dir, kvt_cold_config *c) {
-  const kvt_options *o = &e->opt;
-  *c = (kvt_cold_config){.dir = dir, .rdonly = kvt_rdonly(e),
-                         .bytes_limit = o->tier_bytes_limit[KVT_TIER_COLD],
-                         .segment_bytes = o->cold_segment_bytes,
-                         .map_bytes = o->cold_index_bytes ? o->cold_index_bytes
-                                      : kvt_cold_map_bytes(o->tier_bytes_limit[KVT_TIER_COLD]),
-                         .group_bytes = o->cold_group_bytes,
-                         .compress = (int)o->cold_compress, .zstd_level = 1};
-  c->evict_policy = (int)o->cold_evict;
-  c->nocreate = (o->flags & KVT_OPEN_NOCREATE) != 0;
-  c->io.backend = (int)o->io_backend;
-  c->io.depth = o->io_depth;
-  c->io.fault = (kvt_io_fault){.ops = o->test_fault.ops, .kind = o->test_fault.kind,
-                               .after = o->test_fault.after, .count = o->test_fault.count,
-                               .seed = o->test_fault.seed};
 }
 
 /* Reclaiming a cold segment: blocks still referenced by a sequence are
@@ -315,12 +302,12 @@ static void lost_block(void *arg, const kvt_key *key) {
   kvt_tblk *tb = kvt_index_find(e, key);
   if (tb) {
     tb->cold = 0;
-    kvt_cold_consider(e, tb);
+    kvt_flush_consider(e, tb);
   }
   pthread_mutex_unlock(&e->lock);
 }
 
-/* The metadata-only cold tier's hooks, called with the engine lock held:
+/* An INLINE store's hooks, called with the engine lock held:
  * referenced blocks stay; an evicted one is no longer durable. */
 static int meta_keep(void *arg, const kvt_key *key) {
   kvt_tblk *tb = kvt_index_find(arg, key);
@@ -332,38 +319,36 @@ static void meta_evicted(void *arg, const kvt_key *key) {
   if (tb) tb->cold = 0;
 }
 
-int kvt_mcold_start(kvt_engine *e) {
-  int rc = kvt_cold_meta_open(&e->mem, e->opt.tier_bytes_limit[KVT_TIER_COLD],
-                              (int)e->opt.cold_evict, &e->mcold);
-  if (!rc) kvt_cold_meta_set_hooks(e->mcold, meta_keep, meta_evicted, e);
-  return rc;
-}
-
-/* With the engine lock held. The cold tier's find takes only leaf locks
+/* With the engine lock held. The disk store's find takes only leaf locks
  * and an LMDB read transaction (lock order: engine lock first). Asked
  * under the engine lock as a token block enters the index, the answer
  * cannot go stale before the block is referenced: a removal chosen before
  * hides the key already, one chosen after sees the reference (keep()). */
-int kvt_cold_has_locked(kvt_engine *e, const kvt_key *key) {
-  if (e->cold) return kvt_cold_find(e->cold, key, NULL) == 0;
-  return e->mcold && kvt_cold_meta_find(e->mcold, key) == 0;
+int kvt_flush_has_locked(kvt_engine *e, const kvt_key *key) {
+  return e->store && kvt_store_find(e->store, key) == 0;
 }
 
-int kvt_cold_start(kvt_engine *e, const char *dir) {
-  kvt_cold_config cfg;
-  cold_config(e, dir, &cfg);
-  int rc = kvt_cold_open(&e->mem, &cfg, &e->cold);
-  if (!rc) kvt_cold_set_read_notify(e->cold, kvt_event_notify, e); /* loads: kvt_event_fd */
-  if (rc || kvt_rdonly(e)) return rc;
-  kvt_cold_set_keep(e->cold, keep_block, e);
-  kvt_cold_set_lost(e->cold, lost_block);
-  kvt_cold_set_backlog(e->cold, &e->cold_backlog);
+int kvt_flush_start(kvt_engine *e) {
+  if (!e->store) return 0;
+  if (kvt_store_caps(e->store) & KVT_STORE_INLINE) {
+    kvt_store_set_hooks(e->store, &(kvt_store_hooks){.arg = e, .keep = meta_keep,
+                                                      .evicted = meta_evicted});
+    return 0;
+  }
+  kvt_store_hooks h = {.arg = e, .read_notify = kvt_event_notify}; /* loads: kvt_event_fd */
+  if (!kvt_rdonly(e)) {
+    h.keep = keep_block;
+    h.lost = lost_block;
+    h.backlog = &e->cold_backlog;
+  }
+  kvt_store_set_hooks(e->store, &h);
+  if (kvt_rdonly(e)) return 0;
   pthread_cond_init(&e->work, NULL);
   pthread_cond_init(&e->flushed, NULL);
-  rc = -pthread_create(&e->flusher, NULL, flusher_main, e);
+  int rc = -pthread_create(&e->flusher, NULL, flusher_main, e);
   if (rc) {
-    kvt_cold_close(e->cold);
-    e->cold = NULL;
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->flushed);
     return rc;
   }
   e->flusher_on = 1;
@@ -371,7 +356,7 @@ int kvt_cold_start(kvt_engine *e, const char *dir) {
 }
 
 /* With the engine lock held; returns with it held. */
-void kvt_cold_stop(kvt_engine *e) {
+void kvt_flush_stop(kvt_engine *e) {
   if (e->flusher_on) {
     e->stop = 1;
     pthread_cond_signal(&e->work);
@@ -382,8 +367,8 @@ void kvt_cold_stop(kvt_engine *e) {
     pthread_cond_destroy(&e->flushed);
     e->flusher_on = 0;
   }
-  kvt_cold_close(e->cold);
-  e->cold = NULL;
+  kvt_store_close(e->store);
+  e->store = NULL;
 }
 
 /* The error that keeps a block some sequence references from being
@@ -398,7 +383,7 @@ static int referenced_cold_err(const kvt_engine *e) {
 int kvt_sync(kvt_engine *e) {
   if (!e) return KVT_ENULL;
   if (kvt_rdonly(e)) return KVT_ERDONLY;
-  if (!kvt_cold_on(e)) return 0;
+  if (!kvt_flush_on(e)) return 0;
   pthread_mutex_lock(&e->lock);
   uint64_t target = e->enqueued;
   while (e->completed < target) pthread_cond_wait(&e->flushed, &e->lock);
@@ -410,7 +395,7 @@ int kvt_sync(kvt_engine *e) {
 }
 
 uint32_t kvt_seq_durable(const kvt_seq *s) {
-  if (!s || !s->e->cold) return 0;
+  if (!s || !kvt_store_payload(s->e)) return 0;
   kvt_engine *e = s->e;
   pthread_mutex_lock(&e->lock);
   uint32_t n = 0;
@@ -423,9 +408,9 @@ int kvt_fsck(kvt_engine *e, int repair, kvt_fsck_result *res,
              void (*report)(void *, const kvt_key *, const char *), void *arg) {
   if (!e || !res) return KVT_ENULL;
   *res = (kvt_fsck_result){0};
-  if (!e->cold) return KVT_ENOTFOUND;
+  if (!e->store || !e->store->m->verify) return KVT_ENOTFOUND;
   if (repair && kvt_rdonly(e)) return KVT_ERDONLY;
-  int rc = kvt_cold_verify(e->cold, repair, &res->checked, &res->bad, report, arg);
+  int rc = kvt_store_verify(e->store, repair, &res->checked, &res->bad, report, arg);
   if (!rc && repair) res->removed = res->bad;
   return rc;
 }

@@ -20,8 +20,7 @@
 #include "engine/mem.h"
 #include "engine/policy.h"
 #include "kvtier.h"
-#include "tiers/cold.h"
-#include "tiers/cold_meta.h"
+#include "tiers/store.h"
 #include "tiers/tier.h"
 
 typedef struct kvt_nsrec {
@@ -96,10 +95,10 @@ struct kvt_load {
   kvt_load_req *reqs;
   kvt_lblk **blk;             /* [n]; pinned, or NULL when not found */
   size_t n;
-  kvt_cold_read *cr;          /* [n_cr] reads submitted to the cold tier */
+  kvt_store_read *cr;         /* [n_cr] reads submitted to the store */
   uint32_t *cr_idx;           /* which request each one is */
   size_t n_cr;
-  kvt_cold_batch *cb;         /* NULL once waited for */
+  kvt_store_batch *cb;        /* NULL once waited for */
   struct kvt_promo *promo;    /* a prefetch of a sequence's own blocks (promote.c) */
   struct kvt_load **back;     /* cleared when this load is freed (a recall's, recall.c) */
 };
@@ -135,8 +134,9 @@ struct kvt_engine {
   kvt_load loads;             /* sentinel */
   kvt_stats st;               /* counters; gauges are filled by kvt_stats_get */
 
-  /* cold tier (NULL without one) and its flusher thread */
-  kvt_cold *cold;
+  /* the durable tier below RAM (NULL without one; tiers/store.h) and the
+   * flusher thread that writes it (not for an INLINE store) */
+  kvt_store *store;
   pthread_t flusher;
   int flusher_on, stop;
   pthread_cond_t work;        /* queue not empty, or stop */
@@ -145,9 +145,7 @@ struct kvt_engine {
   uint64_t enqueued, completed; /* token blocks ever queued / finished */
   int cold_err;               /* first failure since the last kvt_sync */
   uint32_t room_waiters;      /* threads waiting for the flusher to free RAM */
-  int cold_backlog;           /* atomic: blocks queued or room awaited (kvt_cold_backlog) */
-  /* metadata-only engines: the cold tier is an in-memory index (NULL without) */
-  kvt_cold_meta *mcold;
+  int cold_backlog;           /* atomic: blocks queued or room awaited (kvt_flush_backlog) */
   kvt_err_table err;          /* detail of failed calls, per thread (errinfo.c) */
   int event_fd;               /* kvt_event_fd(), -1 until asked for (atomic) */
   uint64_t pinned_hot;        /* cost of hot blocks under request pins (serve.c) */
@@ -163,7 +161,7 @@ static inline int kvt_meta_only(const kvt_engine *e) {
   return (e->opt.flags & KVT_OPEN_METADATA_ONLY) != 0;
 }
 
-/* engine.c, with e->lock held */
+/* engine_index.c, engine_place.c, engine_ns.c: with e->lock held */
 kvt_nsrec *kvt_ns_find(kvt_engine *e, kvt_ns_id id);
 kvt_tblk *kvt_index_find(kvt_engine *e, const kvt_key *k);
 void kvt_index_insert(kvt_engine *e, kvt_tblk *tb);
@@ -203,34 +201,48 @@ static inline uint64_t kvt_layer_seed(const kvt_nsrec *ns, uint32_t layer) {
 int kvt_lblk_copy_out(const kvt_nsrec *ns, const kvt_lblk *b, void *k_out, void *v_out);
 void kvt_drop_tblk(kvt_engine *e, kvt_tblk *tb);
 
-/* engine.c: namespaces the store already has */
+/* engine_ns.c: namespaces the store already has */
 int kvt_ns_load(kvt_engine *e);
 
-/* flush.c */
-int kvt_cold_start(kvt_engine *e, const char *dir);
-void kvt_cold_stop(kvt_engine *e);
-/* A layer of tb was just published: queue tb for the cold tier when it is
- * complete in every layer, exact, and admitted. With the lock held. */
-void kvt_cold_consider(kvt_engine *e, kvt_tblk *tb);
-int kvt_cold_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
+/* Shared between engine.c and its neighbours (engine_*.c). */
+void kvt_nsrec_free(kvt_engine *e, kvt_nsrec *ns); /* engine.c */
+int kvt_ns_chain_params(kvt_engine *e, kvt_ns_id id, kvt_key *seed, uint32_t *bt); /* engine_ns.c */
+
+/* flush.c: the store's writer. start sets the store's hooks and, for a
+ * store written in the background (not KVT_STORE_INLINE) and writable,
+ * starts the flusher; stop drains and closes the store. */
+int kvt_flush_start(kvt_engine *e);
+void kvt_flush_stop(kvt_engine *e);
+/* A layer of tb was just published: queue tb for the store when it is
+ * complete in every layer, exact, and admitted (an INLINE store takes it
+ * at once). With the lock held. */
+void kvt_flush_consider(kvt_engine *e, kvt_tblk *tb);
+int kvt_flush_admissible(const kvt_engine *e, const kvt_tblk *tb); /* the admission rules */
 /* Is it worth waiting for the flusher to free pinned hot blocks? */
-int kvt_cold_pending(const kvt_engine *e);
+int kvt_flush_pending(const kvt_engine *e);
 /* Wait for the flusher to finish a group. With the lock held (released
  * while waiting). */
-void kvt_cold_wait_room(kvt_engine *e);
-void kvt_cold_backlog(kvt_engine *e);
-static inline int kvt_cold_on(const kvt_engine *e) { return e->cold != NULL && !kvt_rdonly(e); }
-/* A cold tier that durable blocks may leave RAM for: on disk, or metadata-only. */
-static inline int kvt_cold_any(const kvt_engine *e) { return kvt_cold_on(e) || e->mcold != NULL; }
-/* Is key in the cold tier? A hit is a use. Takes the engine lock for the
- * metadata-only tier; call without it. */
-int kvt_cold_has_locked(kvt_engine *e, const kvt_key *key); /* engine lock held */
+void kvt_flush_wait_room(kvt_engine *e);
+void kvt_flush_backlog(kvt_engine *e);
+/* A store the flusher writes: in the background, and writable. */
+static inline int kvt_flush_on(const kvt_engine *e) {
+  return e->store && !(kvt_store_caps(e->store) & KVT_STORE_INLINE) && !kvt_rdonly(e);
+}
+/* A store that durable blocks may leave RAM for: flushed, or INLINE. */
+static inline int kvt_store_any(const kvt_engine *e) {
+  return kvt_flush_on(e) || (kvt_store_caps(e->store) & KVT_STORE_INLINE);
+}
+/* A store that keeps the bytes (reads go to it). */
+static inline int kvt_store_payload(const kvt_engine *e) {
+  return (kvt_store_caps(e->store) & KVT_STORE_PAYLOAD) != 0;
+}
+/* Is key in the store? A hit is a use. */
+int kvt_flush_has_locked(kvt_engine *e, const kvt_key *key); /* engine lock held */
 /* engine.c: a layer block that can never fit the hot tier, in a
  * metadata-only engine with a cold tier and no warm one, is published
  * straight into the cold tier (a descriptor only). With the lock held. */
 int kvt_born_cold(const kvt_engine *e, size_t bytes_each);
 void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
-int kvt_mcold_start(kvt_engine *e);
 
 /* seq.c */
 void kvt_seq_free_locked(kvt_seq *s);
@@ -269,7 +281,8 @@ int kvt_seq_resize(kvt_seq *s, uint32_t cap, uint32_t stride);
 /* serve.c: tell kvt_event_fd()'s reader to look (any thread, locked or
  * not); let go of the request pin of s (with the lock held). */
 void kvt_event_signal(kvt_engine *e);
-void kvt_event_notify(void *engine); /* the cold tier's read-batch hook */
+void kvt_event_notify(void *engine); /* the store's read-batch hook */
+void kvt_event_close(kvt_engine *e); /* at close, once the store's readers stopped */
 void kvt_seq_unpin_locked(kvt_seq *s);
 
 /* policy.c: evict the retained blocks of (s, layer) beyond the policy's

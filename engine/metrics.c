@@ -27,7 +27,7 @@ static void snap_take(kvt_engine *e, metrics_snap *m) {
   m->tc = e->tc;
   m->pending = e->enqueued - e->completed;
   if (m->pending && now > e->tc.durable_ns) m->stall_s = (double)(now - e->tc.durable_ns) * 1e-9;
-  if (kvt_cold_any(e)) {
+  if (kvt_store_any(e)) {
     for (const kvt_seq *s = e->seqs.next; s != &e->seqs; s = s->next) {
       uint32_t n = 0;
       while (n < s->n_blocks && s->tb[n]->cold) n++;
@@ -36,9 +36,9 @@ static void snap_take(kvt_engine *e, metrics_snap *m) {
       if (lag > m->lag_max) m->lag_max = lag;
     }
   }
-  kvt_cold *cold = e->cold;
+  kvt_store *store = e->store;
   pthread_mutex_unlock(&e->lock);
-  if (cold) kvt_cold_hists(cold, &m->h_read, &m->h_commit);
+  if (store) kvt_store_hists(store, &m->h_read, &m->h_commit);
 }
 
 /* The text so far; pos keeps counting past len (what it would take). */

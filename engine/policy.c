@@ -287,8 +287,8 @@ static ptrdiff_t cand_pick(const kvt_seq *s, uint32_t layer, const cand *cd, siz
  * when it is queued (bounded), so what a demotion loses can come back
  * exact. With the lock held (dropped while waiting). */
 static void wait_written(kvt_engine *e, const kvt_lblk *lb) {
-  for (int i = 0; i < 64 && lb->held && lb->tb->queued && kvt_cold_on(e); i++)
-    kvt_cold_wait_room(e);
+  for (int i = 0; i < 64 && lb->held && lb->tb->queued && kvt_flush_on(e); i++)
+    kvt_flush_wait_room(e);
 }
 
 /* Demote (s, block, layer) to warm; evict it when it cannot be (warm tier

@@ -17,7 +17,7 @@ struct kvt_promo {
   size_t n, n_keep, cap;
   kvt_lblk **blk;      /* [cap] the descriptors, pinned */
   kvt_lblk **fresh;    /* [cap] hot blocks read into; NULL once installed or freed */
-  kvt_cold_read *cr;   /* [cap] */
+  kvt_store_read *cr;  /* [cap] */
   kvt_lblk **keep;     /* [cap] other retained blocks, pinned (synchronous path) */
   int why;             /* first reason a block stayed out of RAM (0: none) */
   uint32_t installed;
@@ -25,7 +25,7 @@ struct kvt_promo {
 
 static size_t promo_bytes(size_t cap) {
   return sizeof(struct kvt_promo) +
-         cap * (3 * sizeof(kvt_lblk *) + sizeof(kvt_cold_read));
+         cap * (3 * sizeof(kvt_lblk *) + sizeof(kvt_store_read));
 }
 
 /* Away blocks of (s, layer) with no layer block (a durable token block whose
@@ -125,7 +125,7 @@ static int promo_start(kvt_seq *s, uint32_t l0, uint32_t l1, int keep, kvt_promo
   p->blk = (kvt_lblk **)(p + 1);
   p->fresh = p->blk + cap;
   p->keep = p->fresh + cap;
-  p->cr = (kvt_cold_read *)(p->keep + cap);
+  p->cr = (kvt_store_read *)(p->keep + cap);
   pthread_mutex_lock(&e->lock);
   collect(s, l0, l1, p, keep);
   pthread_mutex_unlock(&e->lock);
@@ -136,7 +136,7 @@ static int promo_start(kvt_seq *s, uint32_t l0, uint32_t l1, int keep, kvt_promo
       p->why = -ENOMEM;
       continue;
     }
-    p->cr[i] = (kvt_cold_read){.key = p->blk[i]->tb->key, .layer = p->blk[i]->layer,
+    p->cr[i] = (kvt_store_read){.key = p->blk[i]->tb->key, .layer = p->blk[i]->layer,
                                .k_out = p->fresh[i]->payload,
                                .v_out = p->fresh[i]->payload + each, .bytes_each = each};
   }
@@ -145,13 +145,13 @@ static int promo_start(kvt_seq *s, uint32_t l0, uint32_t l1, int keep, kvt_promo
 
 /* Read what promo_start allocated: one batch, or one by one when the
  * batch cannot start. Without the lock. */
-static int promo_submit(kvt_promo *p, kvt_cold_batch **cb) {
+static int promo_submit(kvt_promo *p, kvt_store_batch **cb) {
   size_t n = 0;
   *cb = NULL;
   for (size_t i = 0; i < p->n; i++) /* blocks without a hot block go last */
     if (p->fresh[i]) {
       kvt_lblk *b = p->blk[i], *f = p->fresh[i];
-      kvt_cold_read r = p->cr[i];
+      kvt_store_read r = p->cr[i];
       p->blk[i] = p->blk[n];
       p->fresh[i] = p->fresh[n];
       p->cr[i] = p->cr[n];
@@ -160,14 +160,14 @@ static int promo_submit(kvt_promo *p, kvt_cold_batch **cb) {
       p->cr[n++] = r;
     }
   if (!n) return 0;
-  if (!p->e->cold) {
+  if (!kvt_store_payload(p->e)) {
     for (size_t i = 0; i < n; i++) p->cr[i].status = KVT_ENOTFOUND;
     return 0;
   }
-  if (!kvt_cold_read_submit(p->e->cold, p->cr, n, cb)) return 0;
+  if (!kvt_store_read_submit(p->e->store, p->cr, n, cb)) return 0;
   for (size_t i = 0; i < n; i++)
-    p->cr[i].status = kvt_cold_read_layer(p->e->cold, &p->cr[i].key, p->cr[i].layer,
-                                          p->cr[i].k_out, p->cr[i].v_out, p->cr[i].bytes_each);
+    p->cr[i].status = kvt_store_read_layer(p->e->store, &p->cr[i].key, p->cr[i].layer,
+                                           p->cr[i].k_out, p->cr[i].v_out, p->cr[i].bytes_each);
   return 0;
 }
 
@@ -282,9 +282,9 @@ int kvt_promote_hold(kvt_seq *s, uint32_t layer, kvt_promo **hold) {
   kvt_promo *p;
   int rc = promo_start(s, layer, layer + 1, 1, &p);
   if (!p) return rc;
-  kvt_cold_batch *cb;
+  kvt_store_batch *cb;
   promo_submit(p, &cb);
-  kvt_cold_read_wait(cb);
+  kvt_store_read_wait(cb);
   promo_install_all(p);
   if (rc && !p->why) p->why = rc;
   /* Back in RAM (installed here, adopted from another sequence, or by a
@@ -336,7 +336,7 @@ int kvt_seq_prefetch(kvt_seq *s, uint32_t layer, uint32_t n_layers, kvt_load **o
     return rc;
   }
   if (rc && !p->why) p->why = rc;
-  kvt_cold_batch *cb;
+  kvt_store_batch *cb;
   promo_submit(p, &cb);
   pthread_mutex_lock(&e->lock);
   *ld = (kvt_load){.e = e, .ns = s->ns, .promo = p, .cb = cb};
@@ -354,7 +354,7 @@ int kvt_seq_prefetch(kvt_seq *s, uint32_t layer, uint32_t n_layers, kvt_load **o
 int kvt_promote_load_wait(kvt_load *ld, size_t *n_ok) {
   kvt_engine *e = ld->e;
   kvt_promo *p = ld->promo;
-  kvt_cold_read_wait(ld->cb);
+  kvt_store_read_wait(ld->cb);
   ld->cb = NULL;
   promo_install_all(p);
   size_t ok = p->installed;
@@ -368,7 +368,7 @@ int kvt_promote_load_wait(kvt_load *ld, size_t *n_ok) {
 
 void kvt_promote_load_free_locked(kvt_load *ld) {
   if (!ld->promo) return;
-  kvt_cold_read_wait(ld->cb); /* the readers write into the fresh blocks */
+  kvt_store_read_wait(ld->cb); /* the readers write into the fresh blocks */
   ld->cb = NULL;
   promo_free_locked(ld->promo);
   ld->promo = NULL;

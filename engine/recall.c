@@ -309,7 +309,7 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
       drop[nd++] = c[k].i;
       continue;
     }
-    if (!e->cold || !tb->cold) { /* no exact copy to read: it stays out */
+    if (!kvt_store_payload(e) || !tb->cold) { /* no exact copy to read: it stays out */
       e->st.recall_unavailable++;
       continue;
     }

@@ -240,7 +240,7 @@ static kvt_tblk *tblk_get(kvt_engine *e, kvt_seq *s, const kvt_key *key, kvt_tbl
   if (tb || !*spare) return tb;
   tb = *spare;
   *spare = NULL;
-  tb->cold = (uint8_t)kvt_cold_has_locked(e, key); /* durable from an earlier run, or another path */
+  tb->cold = (uint8_t)kvt_flush_has_locked(e, key); /* durable from an earlier run, or another path */
   kvt_index_insert(e, tb);
   e->n_tblks++;
   (void)s;
@@ -301,7 +301,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   s->n_blocks = b + 1;
   for (uint32_t l = 0; present && l < L; l++) kvt_policy_apply_locked(s, l); /* adopted layers */
   int durable = tb->cold;
-  kvt_cold_consider(e, tb); /* seen once more: admission may say yes now */
+  kvt_flush_consider(e, tb); /* seen once more: admission may say yes now */
   pthread_mutex_unlock(&e->lock);
   kvt_mem_free(&e->mem, KVT_MEM_INDEX, spare, tb_size); /* unused: found it */
   if (info) {
@@ -536,8 +536,7 @@ static void count_read(kvt_engine *e, const kvt_lblk *b) {
  * no longer durable. */
 static int read_cold(kvt_engine *e, kvt_tblk *tb, const kvt_key *key, uint32_t layer, void *k_out,
                      void *v_out, size_t each) {
-  if (!e->cold) return KVT_ENOTFOUND;
-  int rc = kvt_cold_read_layer(e->cold, key, layer, k_out, v_out, each);
+  int rc = kvt_store_read_layer(e->store, key, layer, k_out, v_out, each);
   if (rc != KVT_ECORRUPT) return rc;
   if (tb) {
     pthread_mutex_lock(&e->lock);
@@ -685,7 +684,7 @@ void kvt_load_free_locked(kvt_load *ld) {
   kvt_engine *e = ld->e;
   if (ld->back) *ld->back = NULL; /* a recall's: its sequence forgets it */
   kvt_promote_load_free_locked(ld); /* a prefetch: its own blocks */
-  kvt_cold_read_wait(ld->cb); /* the reader writes into cr and the caller's buffers */
+  kvt_store_read_wait(ld->cb); /* the reader writes into cr and the caller's buffers */
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, ld->cr, ld->n_cr * (sizeof *ld->cr + sizeof *ld->cr_idx));
   for (size_t i = 0; i < ld->n; i++)
     if (ld->blk[i]) kvt_lblk_unpin(e, ld->blk[i]);
@@ -709,17 +708,17 @@ static int load_cold_submit(kvt_engine *e, kvt_load *ld) {
   for (size_t i = 0; i < ld->n; i++) n += ld->reqs[i].status == LOAD_FROM_COLD;
   if (!n) return 0;
   size_t bytes = n * (sizeof *ld->cr + sizeof *ld->cr_idx);
-  kvt_cold_read *cr = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, bytes);
+  kvt_store_read *cr = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, bytes);
   if (!cr) return 0;
   uint32_t *idx = (uint32_t *)(cr + n);
   for (size_t i = 0, j = 0; i < ld->n; i++) {
     kvt_load_req *r = &ld->reqs[i];
     if (r->status != LOAD_FROM_COLD) continue;
-    cr[j] = (kvt_cold_read){.key = r->key, .layer = r->layer, .k_out = r->k_out,
+    cr[j] = (kvt_store_read){.key = r->key, .layer = r->layer, .k_out = r->k_out,
                             .v_out = r->v_out, .bytes_each = ld->ns->bytes_each};
     idx[j++] = (uint32_t)i;
   }
-  if (kvt_cold_read_submit(e->cold, cr, n, &ld->cb)) {
+  if (kvt_store_read_submit(e->store, cr, n, &ld->cb)) {
     kvt_mem_free(&e->mem, KVT_MEM_OTHER, cr, bytes);
     return 0;
   }
@@ -733,7 +732,7 @@ static int load_cold_submit(kvt_engine *e, kvt_load *ld) {
  * KVT_ECORRUPT here and a miss for lookups from now on (the cold tier
  * took it out of the index if the index still pointed there). */
 static void load_cold_finish(kvt_engine *e, kvt_load *ld) {
-  kvt_cold_read_wait(ld->cb);
+  kvt_store_read_wait(ld->cb);
   ld->cb = NULL;
   for (size_t j = 0; j < ld->n_cr; j++) {
     kvt_load_req *r = &ld->reqs[ld->cr_idx[j]];
@@ -785,7 +784,7 @@ int kvt_load_submit(kvt_engine *e, kvt_ns_id id, kvt_load_req *reqs, size_t n, k
     kvt_lblk *b = (tb && tb->ns == ns) ? tb->layers[r->layer] : NULL;
     if (!b || b->tier == KVT_TIER_COLD) {
       /* Not in RAM: read from the cold tier in kvt_load_wait(). */
-      r->status = e->cold ? LOAD_FROM_COLD : KVT_ENOTFOUND;
+      r->status = kvt_store_payload(e) ? LOAD_FROM_COLD : KVT_ENOTFOUND;
       continue;
     }
     kvt_lblk_pin(e, b);

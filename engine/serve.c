@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "engine/internal.h"
-#include "io/io.h"
+#include "io/io.h" /* the event fd (io/event.c) */
 
 /* ---------- the event fd ---------- */
 
@@ -32,11 +32,13 @@ void kvt_event_signal(kvt_engine *e) {
 
 void kvt_event_notify(void *engine) { kvt_event_signal(engine); }
 
+void kvt_event_close(kvt_engine *e) { kvt_io_event_close(e->event_fd); }
+
 /* ---------- loads ---------- */
 
 int kvt_load_poll(kvt_load *ld, size_t *n_ok) {
   if (!ld) return KVT_ENULL;
-  if (!kvt_cold_read_done(ld->cb)) return KVT_EBUSY; /* NULL (no device read) is done */
+  if (!kvt_store_read_done(ld->cb)) return KVT_EBUSY; /* NULL (no device read) is done */
   return kvt_load_wait(ld, n_ok);
 }
 
@@ -46,7 +48,7 @@ int kvt_seq_durable_error(const kvt_seq *s, uint32_t *n_durable) {
   if (n_durable) *n_durable = 0;
   if (!s) return KVT_ENULL;
   kvt_engine *e = s->e;
-  if (!e->cold && !e->mcold) return 0;
+  if (!e->store) return 0;
   pthread_mutex_lock(&e->lock);
   uint32_t n = 0;
   while (n < s->n_blocks && s->tb[n]->cold) n++;
@@ -54,7 +56,7 @@ int kvt_seq_durable_error(const kvt_seq *s, uint32_t *n_durable) {
   for (uint32_t b = n; b < s->n_blocks && !err; b++)
     if (!s->tb[b]->cold) err = s->tb[b]->cold_err;
   pthread_mutex_unlock(&e->lock);
-  if (n_durable) *n_durable = e->cold ? n : 0; /* as kvt_seq_durable() */
+  if (n_durable) *n_durable = kvt_store_payload(e) ? n : 0; /* as kvt_seq_durable() */
   return err;
 }
 

@@ -27,8 +27,8 @@ static int fill_hot(kvt_engine *e, const kvt_nsrec *ns, const kvt_lblk *b, const
     *exact = durable;
     return 0;
   }
-  if (durable && e->cold) {
-    int rc = kvt_cold_read_layer(e->cold, key, b->layer, f->payload, f->payload + each, each);
+  if (durable && kvt_store_payload(e)) {
+    int rc = kvt_store_read_layer(e->store, key, b->layer, f->payload, f->payload + each, each);
     if (!rc) {
       *exact = 1;
       return 0;

@@ -146,6 +146,13 @@ typedef enum kvt_tier {
   KVT_TIER_COLD = 3, /**< NVMe (cold-tier issue) */
 } kvt_tier;
 
+/** The tiers the fixed arrays of kvt_options and kvt_stats cover. Frozen
+ * at 4 (the ABI): a tier added later (a remote one behind the store
+ * interface, docs/store-interface.md) does not grow these arrays. Its
+ * options and counters go through calls by tier id taking a struct whose
+ * first field is its size (set by the caller to sizeof the struct it was
+ * built against, so an old caller and a newer library agree on what is
+ * read and written), added with that tier. */
 #define KVT_N_TIERS 4
 
 /** Warm-tier codecs (docs/format.md, "Warm encodings"). */

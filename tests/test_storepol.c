@@ -170,6 +170,9 @@ static void train_model(kvt_cold *c) {
   }
 }
 
+/* The disk store's own tier behind the engine's store interface. */
+static kvt_cold *cold_of(kvt_engine *e) { return e->store ? e->store->impl : NULL; }
+
 static void test_weights_survive_restart(void **state) {
   (void)state;
   char *dir = tu_tmpdir();
@@ -178,19 +181,19 @@ static void test_weights_survive_restart(void **state) {
   o.tier_bytes_limit[KVT_TIER_COLD] = 64ull << 20;
   o.cold_evict = KVT_EVICT_LEARNED;
   kvt_engine *e = tu_open(dir, &o);
-  assert_non_null(e->cold);
+  assert_non_null(cold_of(e));
   static uint8_t before[KVT_EVICT_MODEL_MAX], after[KVT_EVICT_MODEL_MAX], fresh[KVT_EVICT_MODEL_MAX];
-  size_t n0 = kvt_cold_model_state(e->cold, fresh, sizeof fresh);
+  size_t n0 = kvt_cold_model_state(cold_of(e), fresh, sizeof fresh);
   assert_int_equal(n0, KVT_REUSE_STATE_BYTES);
-  train_model(e->cold);
-  size_t n1 = kvt_cold_model_state(e->cold, before, sizeof before);
+  train_model(cold_of(e));
+  size_t n1 = kvt_cold_model_state(cold_of(e), before, sizeof before);
   assert_int_equal(n1, KVT_REUSE_STATE_BYTES);
   /* Training moved the weights (else the comparison below proves nothing). */
   assert_true(memcmp(fresh + 32, before + 32, n1 - 32) != 0);
   kvt_engine_close(e);
 
   e = tu_open(dir, &o);
-  size_t n2 = kvt_cold_model_state(e->cold, after, sizeof after);
+  size_t n2 = kvt_cold_model_state(cold_of(e), after, sizeof after);
   assert_int_equal(n2, n1);
   assert_memory_equal(before, after, n1); /* weights, clock and checksum */
   kvt_engine_close(e);

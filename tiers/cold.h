@@ -20,6 +20,7 @@
 #include "engine/mem.h"
 #include "io/io.h"
 #include "kvtier.h"
+#include "tiers/store.h"
 
 typedef struct kvt_cold kvt_cold;
 
@@ -59,28 +60,10 @@ typedef struct kvt_cold_entry {
   kvt_key key, parent, ns_seed;
 } kvt_cold_entry;
 
-/* A token block to write: exact K then V of each layer. */
-typedef struct kvt_cold_rec {
-  kvt_key key, parent, ns_seed;
-  uint32_t pos, n_layers, dtype, bytes_each;
-  const uint8_t *const *layers; /* [n_layers] pointers to K||V (2*bytes_each) */
-} kvt_cold_rec;
-
-typedef struct kvt_cold_stats {
-  uint64_t records;                /* live in the index */
-  uint64_t live_bytes;             /* bytes of live records on disk */
-  uint64_t segments, segment_bytes, bytes_limit;
-  uint64_t groups_written, records_written, bytes_written;
-  uint64_t reads, read_bytes;
-  uint64_t checksum_failures;      /* reads refused by a check (each also a miss) */
-  uint64_t write_failures;
-  uint64_t full_refusals;          /* records not written: cold tier full */
-  uint64_t evictions;              /* entries removed by reclaiming segments */
-  uint64_t reclaims;               /* segments reclaimed */
-  uint64_t relocated;              /* referenced records written again by reclaims */
-  char backend[32];
-  char why[160];
-} kvt_cold_stats;
+/* A token block to write, and the tier's counters: the store
+ * interface's types (tiers/store.h). */
+typedef kvt_store_rec kvt_cold_rec;
+typedef kvt_store_stats kvt_cold_stats;
 
 /* Open or create the cold tier in cfg->dir (index/ and segments/).
  * Returns 0; KVT_EVERSION; KVT_ECORRUPT; KVT_EOPTION; -errno. */
@@ -121,7 +104,7 @@ int kvt_cold_write(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *writ
  * pipeline has drained then, so the caller can fail the rest in order).
  * Returns 0, or the first reason records were not written. Writer
  * thread. */
-typedef void (*kvt_cold_settled_fn)(void *arg, size_t from, size_t to, int rc);
+typedef kvt_store_settled_fn kvt_cold_settled_fn;
 int kvt_cold_post(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *posted,
                   kvt_cold_settled_fn settled, void *arg);
 /* Wait until the pipeline can take records to build (a staging buffer is
@@ -193,15 +176,7 @@ int kvt_cold_read_layer(kvt_cold *c, const kvt_key *key, uint32_t layer, void *k
  * caller's buffers. reqs stays the caller's and must live
  * until kvt_cold_read_wait() returns; statuses as kvt_cold_read_layer(). */
 typedef struct kvt_cold_batch kvt_cold_batch;
-typedef struct kvt_cold_read {
-  kvt_key key;
-  uint32_t layer;
-  void *k_out, *v_out;
-  size_t bytes_each;
-  int status;                  /* out */
-  kvt_cold_batch *batch;       /* internal */
-  struct kvt_cold_read *next;  /* internal */
-} kvt_cold_read;
+typedef kvt_store_read kvt_cold_read; /* tiers/store.h */
 int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out);
 void kvt_cold_read_wait(kvt_cold_batch *b); /* frees b */
 /* Has every read of b finished (kvt_cold_read_wait() would not wait)?
