@@ -15,9 +15,10 @@
 
 #include <pthread.h>
 
+#include "base/key.h"
+#include "base/mem.h"
+#include "base/shape.h"
 #include "engine/errinfo.h"
-#include "engine/key.h"
-#include "engine/mem.h"
 #include "engine/policy.h"
 #include "kvtier.h"
 #include "tiers/cold.h"
@@ -273,6 +274,5 @@ size_t kvt_policy_scratch_bytes(void);
 int kvt_shape_check(const kvt_shape *s);
 /* The same, filling *info (may be NULL) for call when it fails. */
 int kvt_shape_check_info(const kvt_shape *s, kvt_error_info *info, const char *call);
-int kvt_finite_check(const void *data, size_t n_elems, uint32_t dtype);
 
 #endif

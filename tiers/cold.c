@@ -14,11 +14,11 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "base/hash.h"
 #include "tiers/cold.h"
 #include "tiers/cold_record.h"
 #include "tiers/cold_scan.h"
 #include "tiers/evict.h"
-#include "tiers/hash.h"
 #include "tiers/hist.h"
 
 #define FORMAT_VERSION 1u

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "kvtier.h"
 
 #define KVT_REUSE_NFEAT 10     /* features of one sample */

@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 
 struct kvt_tblk;
 

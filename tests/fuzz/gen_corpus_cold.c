@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/key.h"
+#include "base/key.h"
 #include "kvtier.h"
 #include "tests/fuzz/fuzz_cold.h"
 #include "tiers/codec.h"
