@@ -10,9 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "codec/codec.h"
 #include "engine/internal.h"
 #include "io/io.h"
-#include "tiers/codec.h"
 
 /* ---------- options ---------- */
 
@@ -566,25 +566,6 @@ int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, i
   }
   pthread_mutex_unlock(&e->lock);
   return rc;
-}
-
-const char *kvt_codec_name(int codec) {
-  const kvt_codec *c = kvt_codec_get(codec);
-  return c ? c->name : NULL;
-}
-
-int kvt_codec_parse(const char *name, int *k_codec, int *v_codec) {
-  if (!name || !k_codec || !v_codec) return KVT_ENULL;
-  const char *v = strchr(name, 'v');
-  char kname[8];
-  if (!v || (size_t)(v - name) >= sizeof kname) return KVT_EOPTION;
-  memcpy(kname, name, (size_t)(v - name));
-  kname[v - name] = 0;
-  const kvt_codec *kc = kvt_codec_by_name(kname), *vc = kvt_codec_by_name(v);
-  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
-  *k_codec = kc->id;
-  *v_codec = vc->id;
-  return 0;
 }
 
 /* Seed and block size of a namespace, read under the lock; namespaces are

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/codec.h"
 #include "engine/internal.h"
 #include "engine/policy.h"
-#include "tiers/codec.h"
 
 /* One line per scorer; the index is its id. NULL: "full" (keeps
  * everything) and "auto" (resolved per layer from a profile). */

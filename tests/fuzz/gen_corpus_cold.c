@@ -18,9 +18,9 @@
 #include <unistd.h>
 
 #include "base/key.h"
+#include "codec/codec.h"
 #include "kvtier.h"
 #include "tests/fuzz/fuzz_cold.h"
-#include "tiers/codec.h"
 #include "tiers/cold.h"
 #include "tiers/cold_record.h"
 
