@@ -282,9 +282,10 @@ static int scan_record(rebuild *r, int fd, segfile *sf, uint64_t off, const uint
                        size_t avail) {
   kvt_cold_entry e = {0};
   uint8_t *tmp = NULL;
-  if (avail >= 88 && kvt_cold_header_len(kvt_le_get32(hdr + 76)) > avail && kvt_le_get32(hdr + 76) &&
-      kvt_le_get32(hdr + 76) <= KVT_MAX_LAYERS) { /* a header longer than the window's rest */
-    uint32_t hl = kvt_cold_header_len(kvt_le_get32(hdr + 76));
+  uint32_t nl = avail >= KVT_REC_FIXED ? kvt_le_get32(hdr + KVT_REC_H_N_LAYERS) : 0;
+  if (nl && nl <= KVT_MAX_LAYERS && kvt_cold_header_len(nl) > avail) {
+    /* a header longer than the window's rest */
+    uint32_t hl = kvt_cold_header_len(nl);
     if (off + hl > sf->size) return -1;
     if (!(tmp = kvt_io_buf_alloc(hl))) return -ENOMEM;
     if (read_at(r, fd, tmp, off, hl)) {
@@ -333,7 +334,7 @@ static int scan_record(rebuild *r, int fd, segfile *sf, uint64_t off, const uint
   found *f = &r->f[r->n_f];
   size_t tab = (size_t)24 * e.n_layers;
   if (!(f->table = kvt_mem_alloc(&r->mem, KVT_MEM_OTHER, tab))) return -ENOMEM;
-  memcpy(f->table, rec + 88, tab);
+  memcpy(f->table, rec + KVT_REC_FIXED, tab);
   f->e = e;
   f->dead = 0;
   r->n_f++;
