@@ -10,9 +10,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "codec/codec.h"
 #include "engine/internal.h"
 #include "engine/recall.h"
-#include "tiers/codec.h"
 
 /* Scores and rotated-domain sums of the query heads attended in one pass
  * over the blocks: as many heads as fit (at least one). */

@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 /* ---------- options ---------- */
 
@@ -310,23 +310,9 @@ int kvt_stats_get(kvt_engine *e, kvt_stats *st) {
 
 /* ---------- shapes and values ---------- */
 
-size_t kvt_dtype_size(uint32_t dtype) {
-  switch (dtype) {
-  case KVT_F32: return 4;
-  case KVT_F16:
-  case KVT_BF16: return 2;
-  default: return 0;
-  }
-}
-
 uint64_t kvt_cold_record_bytes(const kvt_shape *s) {
   if (!s || kvt_shape_check(s)) return 0;
   return kvt_store_record_bytes(s->n_layers, (uint32_t)kvt_shape_block_bytes(s));
-}
-
-size_t kvt_shape_block_bytes(const kvt_shape *s) {
-  if (!s) return 0;
-  return (size_t)s->block_tokens * s->n_kv_heads * s->head_dim * kvt_dtype_size(s->dtype);
 }
 
 int kvt_shape_check(const kvt_shape *s) { return kvt_shape_check_info(s, NULL, NULL); }
@@ -353,32 +339,3 @@ int kvt_shape_check_info(const kvt_shape *s, kvt_error_info *info, const char *c
   return 0;
 }
 
-/* Non-finite means an all-ones exponent. Four f16/bf16 (two f32) lanes of
- * a 64-bit word at a time: (x & exp) + exp_lsb carries into the lane's top
- * bit exactly when every exponent bit is set; no carry crosses lanes. */
-static int any_allones(const void *data, size_t bytes, uint64_t exp, uint64_t lsb, uint64_t top) {
-  const uint8_t *p = data;
-  uint64_t bad = 0, w;
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    memcpy(&w, p + i, 8);
-    bad |= ((w & exp) + lsb) & top;
-  }
-  if (i < bytes) { /* a tail of 2, 4 or 6 bytes: zero-padded lanes are finite */
-    w = 0;
-    memcpy(&w, p + i, bytes - i);
-    bad |= ((w & exp) + lsb) & top;
-  }
-  return bad != 0;
-}
-
-int kvt_finite_check(const void *data, size_t n, uint32_t dtype) {
-  int bad;
-  if (dtype == KVT_F32)
-    bad = any_allones(data, n * 4, 0x7F8000007F800000ull, 0x0080000000800000ull, 0x8000000080000000ull);
-  else if (dtype == KVT_F16)
-    bad = any_allones(data, n * 2, 0x7C007C007C007C00ull, 0x0400040004000400ull, 0x8000800080008000ull);
-  else
-    bad = any_allones(data, n * 2, 0x7F807F807F807F80ull, 0x0080008000800080ull, 0x8000800080008000ull);
-  return bad ? KVT_ENONFINITE : 0;
-}

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 /* ---------- the index ---------- */
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 /* ---------- namespaces ---------- */
 
@@ -241,25 +241,6 @@ int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, i
   }
   pthread_mutex_unlock(&e->lock);
   return rc;
-}
-
-const char *kvt_codec_name(int codec) {
-  const kvt_codec *c = kvt_codec_get(codec);
-  return c ? c->name : NULL;
-}
-
-int kvt_codec_parse(const char *name, int *k_codec, int *v_codec) {
-  if (!name || !k_codec || !v_codec) return KVT_ENULL;
-  const char *v = strchr(name, 'v');
-  char kname[8];
-  if (!v || (size_t)(v - name) >= sizeof kname) return KVT_EOPTION;
-  memcpy(kname, name, (size_t)(v - name));
-  kname[v - name] = 0;
-  const kvt_codec *kc = kvt_codec_by_name(kname), *vc = kvt_codec_by_name(v);
-  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
-  *k_codec = kc->id;
-  *v_codec = vc->id;
-  return 0;
 }
 
 /* Seed and block size of a namespace, read under the lock; namespaces are

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "engine/internal.h"
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 /* ---------- layer blocks ---------- */
 

@@ -15,9 +15,10 @@
 
 #include <pthread.h>
 
+#include "base/key.h"
+#include "base/mem.h"
+#include "base/shape.h"
 #include "engine/errinfo.h"
-#include "engine/key.h"
-#include "engine/mem.h"
 #include "engine/policy.h"
 #include "kvtier.h"
 #include "tiers/store.h"
@@ -306,6 +307,5 @@ void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer);
 int kvt_shape_check(const kvt_shape *s);
 /* The same, filling *info (may be NULL) for call when it fails. */
 int kvt_shape_check_info(const kvt_shape *s, kvt_error_info *info, const char *call);
-int kvt_finite_check(const void *data, size_t n_elems, uint32_t dtype);
 
 #endif

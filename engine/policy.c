@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/codec.h"
 #include "engine/internal.h"
 #include "engine/policy.h"
 #include "engine/recall.h"
-#include "tiers/codec.h"
 
 /* One line per scorer; the index is its id. NULL: "full" (keeps
  * everything) and "auto" (resolved per layer from a profile). */

@@ -82,7 +82,7 @@ static int check_header(const uint8_t *b, size_t len, kvt_predictor *p, char *wh
   return 0;
 }
 
-int kvt_predictor_parse(const void *buf, size_t len, const kvt_pred_shape *want,
+int kvt_predictor_parse(kvt_mem *m, const void *buf, size_t len, const kvt_pred_shape *want,
                         kvt_predictor **out, char *why, size_t why_len) {
   if (!buf || !out) return KVT_ENULL;
   *out = NULL;
@@ -98,16 +98,18 @@ int kvt_predictor_parse(const void *buf, size_t len, const kvt_pred_shape *want,
                   "has %u, %u, %u, %u", s->n_layers, s->block_tokens, s->head_dim, s->n_kv_heads,
                   want->n_layers, want->block_tokens, want->head_dim, want->n_kv_heads);
   size_t n = (size_t)(p.per_layer ? s->n_layers : 1) * p.set_floats;
-  if (!(p.w = malloc(n * sizeof *p.w))) return -ENOMEM;
+  p.mem = m;
+  p.w_bytes = n * sizeof *p.w;
+  if (!(p.w = kvt_mem_alloc(m, KVT_MEM_OTHER, p.w_bytes))) return -ENOMEM;
   for (size_t i = 0; i < n; i++) {
     p.w[i] = rdf(b + KVT_PRED_HDR_BYTES + 4 * i);
     if (!isfinite(p.w[i])) {
-      free(p.w);
+      kvt_mem_free(m, KVT_MEM_OTHER, p.w, p.w_bytes);
       return refuse(why, why_len, KVT_ECORRUPT, "weight %zu is not finite", i);
     }
   }
-  if (!(*out = malloc(sizeof **out))) {
-    free(p.w);
+  if (!(*out = kvt_mem_alloc(m, KVT_MEM_OTHER, sizeof **out))) {
+    kvt_mem_free(m, KVT_MEM_OTHER, p.w, p.w_bytes);
     return -ENOMEM;
   }
   **out = p;
@@ -116,8 +118,8 @@ int kvt_predictor_parse(const void *buf, size_t len, const kvt_pred_shape *want,
 
 void kvt_predictor_free(kvt_predictor *p) {
   if (!p) return;
-  free(p->w);
-  free(p);
+  kvt_mem_free(p->mem, KVT_MEM_OTHER, p->w, p->w_bytes);
+  kvt_mem_free(p->mem, KVT_MEM_OTHER, p, sizeof *p);
 }
 
 float kvt_predictor_infer(const kvt_predictor *p, uint32_t layer, const float *f) {
@@ -150,13 +152,13 @@ int kvt_predictor_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt
     return KVT_ERR(e, rc, "kvt_ns_load_predictor", "path", "a readable predictor file", "%s: %s",
                    path, strerror(-rc));
   }
-  uint8_t *buf = malloc(KVT_PRED_MAX_FILE + 1);
+  uint8_t *buf = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, KVT_PRED_MAX_FILE + 1);
   size_t n = buf ? fread(buf, 1, KVT_PRED_MAX_FILE + 1, f) : 0;
   int rd_err = ferror(f);
   fclose(f);
   if (!buf) return -ENOMEM;
   if (rd_err) {
-    free(buf);
+    kvt_mem_free(&e->mem, KVT_MEM_OTHER, buf, KVT_PRED_MAX_FILE + 1);
     return KVT_ERR(e, -EIO, "kvt_ns_load_predictor", "path", "a readable predictor file",
                    "%s: read error", path);
   }
@@ -164,8 +166,8 @@ int kvt_predictor_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt
   char why[256] = "";
   int rc = n > KVT_PRED_MAX_FILE
                ? (snprintf(why, sizeof why, "larger than %u bytes", KVT_PRED_MAX_FILE), KVT_ECORRUPT)
-               : kvt_predictor_parse(buf, n, &want, out, why, sizeof why);
-  free(buf);
+               : kvt_predictor_parse(&e->mem, buf, n, &want, out, why, sizeof why);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, buf, KVT_PRED_MAX_FILE + 1);
   if (rc && rc != -ENOMEM)
     return KVT_ERR(e, rc, "kvt_ns_load_predictor", "path", "a predictor for the namespace's shape",
                    "%s: %s", path, why);

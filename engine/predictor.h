@@ -109,6 +109,8 @@ typedef struct kvt_predictor {
   float budget;       /* budget it was trained for (informational; 0: several) */
   uint32_t set_floats; /* floats per weight set */
   float *w;           /* [sets][set_floats] (owned) */
+  struct kvt_mem *mem; /* the accounting w and the struct are counted in (OTHER) */
+  size_t w_bytes;
 } kvt_predictor;
 
 /* Floats in one weight set. */
@@ -120,8 +122,9 @@ static inline uint32_t kvt_pred_set_floats(uint32_t kind, uint32_t hidden) {
  * 0 and *out (free with kvt_predictor_free); KVT_ECORRUPT (bad magic,
  * truncated, inconsistent sizes, checksum, non-finite weights),
  * KVT_EVERSION (another version or feature count), KVT_ESHAPE (made for
- * another shape), -ENOMEM. why (may be NULL) receives a sentence. */
-int kvt_predictor_parse(const void *buf, size_t len, const kvt_pred_shape *want,
+ * another shape), -ENOMEM. why (may be NULL) receives a sentence. The
+ * predictor is allocated through m (KVT_MEM_OTHER). */
+int kvt_predictor_parse(struct kvt_mem *m, const void *buf, size_t len, const kvt_pred_shape *want,
                         kvt_predictor **out, char *why, size_t why_len);
 void kvt_predictor_free(kvt_predictor *p);
 /* The predicted (log) future mass of a block with features f at layer. */

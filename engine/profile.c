@@ -114,7 +114,8 @@ static int parse_root(kvt_engine *e, json_t *root, const kvt_shape *shape, kvt_p
   if (shape->n_layers > KVT_MAX_LAYERS)
     return KVT_ERR(e, KVT_ESHAPE, CALL, "n_layers", "at most KVT_MAX_LAYERS", "%u", shape->n_layers);
   p->n_layers = shape->n_layers;
-  if (!(p->layers = calloc(n * shape->n_layers, sizeof *p->layers))) return -ENOMEM;
+  p->layers_bytes = n * shape->n_layers * sizeof *p->layers;
+  if (!(p->layers = kvt_mem_calloc(p->mem, KVT_MEM_OTHER, p->layers_bytes))) return -ENOMEM;
   for (size_t i = 0; i < n; i++) {
     rc = parse_entry(e, json_array_get(arr, i), shape->n_layers, p->version, &p->budget[i],
                      p->layers + i * shape->n_layers);
@@ -142,7 +143,8 @@ int kvt_profile_parse(kvt_engine *e, const kvt_shape *shape, const char *text, s
                    "%s at line %d column %d", root ? "not an object" : jerr.text, jerr.line,
                    jerr.column);
   }
-  kvt_profile *p = calloc(1, sizeof *p);
+  kvt_profile *p = kvt_mem_calloc(&e->mem, KVT_MEM_OTHER, sizeof *p);
+  if (p) p->mem = &e->mem;
   int rc = p ? parse_root(e, root, shape, p) : -ENOMEM;
   json_decref(root);
   if (rc) {
@@ -155,8 +157,8 @@ int kvt_profile_parse(kvt_engine *e, const kvt_shape *shape, const char *text, s
 
 void kvt_profile_free(kvt_profile *p) {
   if (!p) return;
-  free(p->layers);
-  free(p);
+  kvt_mem_free(p->mem, KVT_MEM_OTHER, p->layers, p->layers_bytes);
+  kvt_mem_free(p->mem, KVT_MEM_OTHER, p, sizeof *p);
 }
 
 int kvt_profile_pick(const kvt_profile *p, double budget) {
@@ -263,7 +265,7 @@ int kvt_profile_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_p
     return KVT_ERR(e, err, "kvt_ns_load_profile", "path", "a readable profile file", "%s: %s",
                    path, strerror(-err));
   }
-  char *buf = malloc((size_t)KVT_PROFILE_MAX_BYTES + 1);
+  char *buf = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, (size_t)KVT_PROFILE_MAX_BYTES + 1);
   size_t n = buf ? fread(buf, 1, (size_t)KVT_PROFILE_MAX_BYTES + 1, f) : 0;
   int rd_err = ferror(f);
   fclose(f);
@@ -271,7 +273,7 @@ int kvt_profile_read(kvt_engine *e, const char *path, const kvt_shape *sh, kvt_p
   int rc = rd_err ? KVT_ERR(e, -EIO, "kvt_ns_load_profile", "path", "a readable profile file",
                             "%s: read error", path)
                   : kvt_profile_parse(e, sh, buf, n, out);
-  free(buf);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, buf, (size_t)KVT_PROFILE_MAX_BYTES + 1);
   return rc;
 }
 

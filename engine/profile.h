@@ -32,6 +32,8 @@ struct kvt_profile {
   uint32_t version;                       /* 1 or 2 (warm shares) */
   double budget[KVT_PROFILE_MAX_BUDGETS]; /* the total budget of each entry */
   kvt_profile_layer *layers;              /* [n_budgets][n_layers] */
+  struct kvt_mem *mem;                    /* where it is counted (OTHER) */
+  size_t layers_bytes;
 };
 
 /* Parse and check a profile for `shape`. On success *out is a new

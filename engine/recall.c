@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "engine/recall.h"
-#include "tiers/codec.h"
+#include "codec/codec.h"
 #include "tiers/hist.h"
 
 typedef struct sketch {

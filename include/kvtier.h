@@ -4,9 +4,14 @@
  * Every function returns 0 on success or a negative code: -errno for system
  * errors (-ENOMEM, -EIO, ...) and KVT_E* for kvtier's own, in the reserved
  * range [KVT_E_LAST, KVT_E_FIRST]. kvt_strerror() explains either kind. The
- * library never prints, never exits and keeps no global state; the caller
- * owns every pointer it passes in, and a call keeps none of them after it
- * returns unless its documentation says so.
+ * library never prints, never exits and keeps no global state but one
+ * choice made once, when it is loaded: which CPU kernels run (scalar or
+ * AVX2/F16C for the codecs, codec/codec.c; the XXH3 build for checksums,
+ * base/hash.c), read from cpuid. It is process-wide because it describes
+ * the machine, not an engine, and the kvt_codec_* calls take no engine;
+ * every kernel gives the same bytes, so it changes speed, never a result.
+ * The caller owns every pointer it passes in, and a call keeps none of
+ * them after it returns unless its documentation says so.
  *
  * Words used below (see docs/format.md and DESIGN.md section 2):
  *  - namespace: one model producing KV (model id, weights fingerprint, RoPE,

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "tiers/cold_record.h"
 
 /* ------------------------------------------------------------ options */
 
@@ -202,16 +203,13 @@ typedef struct cu_rec {
   uint32_t slice_bytes[CU_MAX_LAYERS]; /* checksummed bytes: the stored payload */
 } cu_rec;
 
-static inline uint32_t cu_get32(const uint8_t *p) {
-  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 /* Append the records found in segment file path to *recs (growing it).
  * docs/format.md, "Records": a record starts on a 4 KiB boundary with
- * "KVTREC01"; its length is at +12, its key at +24, n_layers at +76 and
- * the slice table (24 bytes a layer: rel_off, stored_len, ...) at +88; a
- * slice is its payload alone (stored_len bytes, all checksummed), then
- * zero padding. Returns 0 or -errno. */
+ * KVT_REC_MAGIC; its fields are where tiers/cold_record.h says, the slice
+ * table (KVT_REC_SLICE bytes a layer) at KVT_REC_FIXED; a slice is its
+ * payload alone (stored_len bytes, all checksummed), then zero padding.
+ * The fields are read one by one, not through kvt_rec_header_get, so a
+ * header that fails its checksum is still found. Returns 0 or -errno. */
 static inline int cu_seg_scan(const char *path, cu_rec **recs, size_t *n, size_t *cap) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -errno;
@@ -219,26 +217,28 @@ static inline int cu_seg_scan(const char *path, cu_rec **recs, size_t *n, size_t
   uint64_t off = 0;
   for (;;) {
     ssize_t got = pread(fd, h, sizeof h, (off_t)off);
-    if (got < 96) break;
-    if (memcmp(h, "KVTREC01", 8) != 0) {
+    if (got < (ssize_t)KVT_REC_FIXED + 8) break;
+    if (memcmp(h + KVT_REC_H_MAGIC, KVT_REC_MAGIC, 8) != 0) {
       off += 4096;
       continue;
     }
     cu_rec r = {0};
     snprintf(r.path, sizeof r.path, "%s", path);
     r.off = off;
-    r.hdr_len = cu_get32(h + 8);
-    r.rec_len = cu_get32(h + 12);
-    memcpy(r.key.b, h + 24, 16);
-    r.n_layers = cu_get32(h + 76);
+    r.hdr_len = kvt_le_get32(h + KVT_REC_H_HDR_LEN);
+    r.rec_len = kvt_le_get32(h + KVT_REC_H_REC_LEN);
+    memcpy(r.key.b, h + KVT_REC_H_KEY, 16);
+    r.n_layers = kvt_le_get32(h + KVT_REC_H_N_LAYERS);
     if (r.rec_len < 4096 || r.rec_len % 4096 || r.n_layers == 0 || r.n_layers > CU_MAX_LAYERS ||
-        88 + 24 * r.n_layers > (uint32_t)got) {
+        KVT_REC_FIXED + KVT_REC_SLICE * r.n_layers > (uint32_t)got) {
       off += 4096;
       continue;
     }
     for (uint32_t l = 0; l < r.n_layers; l++) {
-      r.slice_off[l] = cu_get32(h + 88 + 24 * l);
-      r.slice_bytes[l] = cu_get32(h + 88 + 24 * l + 4);
+      kvt_cold_slice s;
+      kvt_rec_slice_get(h + KVT_REC_FIXED + KVT_REC_SLICE * l, &s);
+      r.slice_off[l] = s.rel_off;
+      r.slice_bytes[l] = s.stored_len;
     }
     if (*n == *cap) {
       *cap = *cap ? 2 * *cap : 64;

@@ -1,12 +1,12 @@
-/* test_codec.c - the warm tier's codecs (tiers/codec.h) on their own:
+/* test_codec.c - the warm tier's codecs (codec/codec.h) on their own:
  * the AVX2 and scalar kernels give the same bytes; round trips stay within
  * each codec's error bound (keys: half a quantization step; values: the
  * Lloyd-Max distortion of the bit width); encodings are deterministic;
  * every malformed payload is refused before anything is written; the
  * scalar f16/bf16 conversions agree with F16C and with an exact rounding
  * reference; attention on encoded data agrees with the decoded tensor.
- * Relies on the body layouts in the comments of tiers/codec_k.c and
- * tiers/codec_v.c (16-byte header, then f16 scales or norms, then codes). */
+ * Relies on the body layouts in the comments of codec/codec_k.c and
+ * codec/codec_v.c (16-byte header, then f16 scales or norms, then codes). */
 #include "testutil.h"
 
 #include <immintrin.h>
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 #define HDR 16 /* KVT_CODEC_HDR: every encoding starts with it */
 

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "tiers/tier.h"
 
 #define N_BLOCKS 3

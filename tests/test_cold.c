@@ -463,7 +463,7 @@ static void corrupt(const cu_rec *r, int layer) {
   uint64_t at;
   if (layer < 0) {
     /* the fixed part (magic .. bytes_each) and the slice table */
-    at = r->off + tu_below(88 + 24 * r->n_layers);
+    at = r->off + tu_below(KVT_REC_FIXED + KVT_REC_SLICE * r->n_layers);
   } else {
     at = r->off + r->slice_off[layer] + tu_below(r->slice_bytes[layer]);
   }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "tiers/evict.h"
 
 static kvt_key K(uint32_t i) {

@@ -10,12 +10,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/mem.h"
 #include "engine/predictor.h"
 #include "testutil.h"
 #include "tool_files.h"
 #include "trace.h"
 
 static int g_skipped;
+/* The accounting parsed predictors are counted in (all zero: nothing
+ * counted, no failure injected); every test leaves it at 0 bytes. */
+static kvt_mem g_mem;
 
 /* ---- predictor files built here, by the documented layout --------------- */
 
@@ -62,9 +66,10 @@ static const kvt_pred_shape shape = {.n_layers = 3, .block_tokens = 16, .head_di
 static int parse(const uint8_t *b, size_t n, const kvt_pred_shape *want, char *why) {
   kvt_predictor *p = NULL;
   why[0] = 0;
-  int rc = kvt_predictor_parse(b, n, want, &p, why, 256);
+  int rc = kvt_predictor_parse(&g_mem, b, n, want, &p, why, 256);
   if (rc) assert_null(p);
   kvt_predictor_free(p);
+  assert_int_equal(kvt_mem_total(&g_mem), 0); /* freed all it counted, refused or not */
   return rc;
 }
 
@@ -133,7 +138,7 @@ static void test_infer(void **state) {
   uint8_t *b;
   size_t n = make_pred(&shape, KVT_PRED_MLP, 0, H, w, &b);
   kvt_predictor *p;
-  assert_int_equal(kvt_predictor_parse(b, n, &shape, &p, NULL, 0), 0);
+  assert_int_equal(kvt_predictor_parse(&g_mem, b, n, &shape, &p, NULL, 0), 0);
   double want = w[H * (F + 2)];
   for (int h = 0; h < H; h++) {
     double a = w[H * F + h];
@@ -146,7 +151,7 @@ static void test_infer(void **state) {
   float lw[3 * F];
   for (size_t i = 0; i < 3 * F; i++) lw[i] = (float)(i / F + 1); /* layer l: all l + 1 */
   n = make_pred(&shape, KVT_PRED_LINEAR, 1, 0, lw, &b);
-  assert_int_equal(kvt_predictor_parse(b, n, &shape, &p, NULL, 0), 0);
+  assert_int_equal(kvt_predictor_parse(&g_mem, b, n, &shape, &p, NULL, 0), 0);
   double sf = 0;
   for (int j = 0; j < F; j++) sf += f[j];
   for (uint32_t l = 0; l < 3; l++) assert_true(fabs(kvt_predictor_infer(p, l, f) - (l + 1) * sf) < 1e-4);
@@ -224,7 +229,7 @@ static void test_train_recovers(void **state) {
   kvt_pred_shape sh = {2, 4, 8, 2};
   kvt_predictor *p;
   char why[256] = "";
-  assert_int_equal(kvt_predictor_parse(b, n, &sh, &p, why, sizeof why), 0);
+  assert_int_equal(kvt_predictor_parse(&g_mem, b, n, &sh, &p, why, sizeof why), 0);
   /* predictions: log(mass + 1e-3) for a block seen with a constant mass,
    * whatever its age, position, key norm or layer */
   int checked = 0;

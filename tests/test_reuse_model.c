@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "tiers/cold_meta.h"
 #include "tiers/evict.h"
 #include "tiers/reuse_model.h"

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 #define HDR 16 /* KVT_CODEC_HDR */
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))

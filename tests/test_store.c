@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "tiers/store.h"
 
 static kvt_key key_of(uint8_t v) {

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/mem.h"
 #include "engine/internal.h"
-#include "engine/mem.h"
 #include "tiers/cold.h"
 #include "tiers/cold_meta.h"
 #include "tiers/evict.h"

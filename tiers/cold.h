@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "io/io.h"
 #include "kvtier.h"
 #include "tiers/store.h"

@@ -21,7 +21,7 @@
 #include "tiers/cold_record.h"
 #include "tiers/cold_scan.h"
 #include "tiers/evict.h"
-#include "tiers/hash.h"
+#include "base/hash.h"
 #include "tiers/hist.h"
 
 #define FORMAT_VERSION 1u

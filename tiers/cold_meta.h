@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "kvtier.h"
 #include "tiers/cold.h"
 

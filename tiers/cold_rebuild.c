@@ -5,6 +5,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <assert.h>
 #include <errno.h>
 #include <lmdb.h>
 #include <stdarg.h>
@@ -135,6 +136,7 @@ typedef struct rebuild {
   uint8_t *win, *rec;          /* the scan window; a record read on its own */
   size_t rec_cap;
   uint64_t old_segment_bytes;  /* from the old index, 0 when it does not read */
+  kvt_mem mem;                 /* what the tables above take (no engine here) */
 } rebuild;
 
 static void say(rebuild *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -149,11 +151,13 @@ static void say(rebuild *r, const char *fmt, ...) {
 }
 
 /* Room for one more element of size elem in *v (n used, *cap allocated). */
-static int more(void *v, size_t *cap, size_t n, size_t elem) {
+static int more(rebuild *r, void *v, size_t *cap, size_t n, size_t elem) {
   if (n < *cap) return 0;
   size_t nc = *cap ? 2 * *cap : 64;
-  void *p = realloc(*(void **)v, nc * elem);
+  void *p = kvt_mem_alloc(&r->mem, KVT_MEM_OTHER, nc * elem), *old = *(void **)v;
   if (!p) return -ENOMEM;
+  if (n) memcpy(p, old, n * elem);
+  kvt_mem_free(&r->mem, KVT_MEM_OTHER, old, *cap * elem);
   *(void **)v = p;
   *cap = nc;
   return 0;
@@ -177,9 +181,9 @@ static int ns_add(rebuild *r, const kvt_key *seed, const uint8_t *enc, size_t le
     say(r, "namespace copy %02x%02x... does not match its seed: ignored", seed->b[0], seed->b[1]);
     return 0;
   }
-  if (more(&r->ns, &r->cap_ns, r->n_ns, sizeof *r->ns)) return -ENOMEM;
+  if (more(r, &r->ns, &r->cap_ns, r->n_ns, sizeof *r->ns)) return -ENOMEM;
   nsrec *n = &r->ns[r->n_ns];
-  if (!(n->enc = malloc(len))) return -ENOMEM;
+  if (!(n->enc = kvt_mem_alloc(&r->mem, KVT_MEM_OTHER, len))) return -ENOMEM;
   memcpy(n->enc, enc, len);
   n->len = len;
   n->seed = *seed;
@@ -262,7 +266,7 @@ static int seg_file_one(void *arg, const char *name) {
   if (strlen(name) != 12) return 0; /* seg-NNNNNNNN */
   unsigned long id = strtoul(name + 4, &end, 10);
   if (*end || id >= 65536) return 0;
-  if (more(&r->segs, &r->cap_segs, r->n_segs, sizeof *r->segs)) return -ENOMEM;
+  if (more(r, &r->segs, &r->cap_segs, r->n_segs, sizeof *r->segs)) return -ENOMEM;
   r->segs[r->n_segs++] = (segfile){.id = (uint32_t)id};
   return 0;
 }
@@ -278,9 +282,10 @@ static int scan_record(rebuild *r, int fd, segfile *sf, uint64_t off, const uint
                        size_t avail) {
   kvt_cold_entry e = {0};
   uint8_t *tmp = NULL;
-  if (avail >= 88 && kvt_cold_header_len(kvt_le_get32(hdr + 76)) > avail && kvt_le_get32(hdr + 76) &&
-      kvt_le_get32(hdr + 76) <= KVT_MAX_LAYERS) { /* a header longer than the window's rest */
-    uint32_t hl = kvt_cold_header_len(kvt_le_get32(hdr + 76));
+  uint32_t nl = avail >= KVT_REC_FIXED ? kvt_le_get32(hdr + KVT_REC_H_N_LAYERS) : 0;
+  if (nl && nl <= KVT_MAX_LAYERS && kvt_cold_header_len(nl) > avail) {
+    /* a header longer than the window's rest */
+    uint32_t hl = kvt_cold_header_len(nl);
     if (off + hl > sf->size) return -1;
     if (!(tmp = kvt_io_buf_alloc(hl))) return -ENOMEM;
     if (read_at(r, fd, tmp, off, hl)) {
@@ -325,11 +330,11 @@ static int scan_record(rebuild *r, int fd, segfile *sf, uint64_t off, const uint
           (unsigned long long)off, l);
       return -1;
     }
-  if (more(&r->f, &r->cap_f, r->n_f, sizeof *r->f)) return -ENOMEM;
+  if (more(r, &r->f, &r->cap_f, r->n_f, sizeof *r->f)) return -ENOMEM;
   found *f = &r->f[r->n_f];
   size_t tab = (size_t)24 * e.n_layers;
-  if (!(f->table = malloc(tab))) return -ENOMEM;
-  memcpy(f->table, rec + 88, tab);
+  if (!(f->table = kvt_mem_alloc(&r->mem, KVT_MEM_OTHER, tab))) return -ENOMEM;
+  memcpy(f->table, rec + KVT_REC_FIXED, tab);
   f->e = e;
   f->dead = 0;
   r->n_f++;
@@ -469,7 +474,8 @@ static int write_index(rebuild *r, const char *path, uint64_t segment_bytes, uin
     MDB_val k = {4, key}, v = {32, row};
     rc = mdb_put(t, segs, &k, &v, 0);
   }
-  uint8_t *ent = malloc(80 + (size_t)24 * KVT_MAX_LAYERS);
+  const size_t ent_cap = 80 + (size_t)24 * KVT_MAX_LAYERS;
+  uint8_t *ent = kvt_mem_alloc(&r->mem, KVT_MEM_OTHER, ent_cap);
   if (!ent && !rc) rc = ENOMEM;
   size_t in_txn = 0;
   for (size_t i = 0; !rc && i < r->n_f; i++) {
@@ -484,7 +490,7 @@ static int write_index(rebuild *r, const char *path, uint64_t segment_bytes, uin
       if (!rc) rc = mdb_txn_begin(env, NULL, 0, &t);
     }
   }
-  free(ent);
+  kvt_mem_free(&r->mem, KVT_MEM_OTHER, ent, ent_cap);
   if (!rc) {
     rc = mdb_txn_commit(t);
     t = NULL;
@@ -567,6 +573,7 @@ int kvt_cold_rebuild(const char *dir, uint64_t segment_bytes, uint64_t map_bytes
                      void *arg) {
   *res = (kvt_rebuild_result){0};
   rebuild r = {.dir = dir, .res = res, .report = report, .arg = arg};
+  kvt_mem_init(&r.mem, 0);
   kvt_io_config io = {.backend = KVT_IO_PREAD, .no_direct = 1};
   int rc = kvt_io_create(&io, &r.io);
   if (!rc) rc = rebuild_run(&r, segment_bytes, map_bytes);
@@ -577,11 +584,14 @@ int kvt_cold_rebuild(const char *dir, uint64_t segment_bytes, uint64_t map_bytes
     rm_index_dir(path);
   }
   kvt_io_destroy(r.io);
-  for (size_t i = 0; i < r.n_f; i++) free(r.f[i].table);
-  for (size_t i = 0; i < r.n_ns; i++) free(r.ns[i].enc);
-  free(r.f);
-  free(r.segs);
-  free(r.ns);
+  for (size_t i = 0; i < r.n_f; i++)
+    kvt_mem_free(&r.mem, KVT_MEM_OTHER, r.f[i].table, (size_t)24 * r.f[i].e.n_layers);
+  for (size_t i = 0; i < r.n_ns; i++) kvt_mem_free(&r.mem, KVT_MEM_OTHER, r.ns[i].enc, r.ns[i].len);
+  kvt_mem_free(&r.mem, KVT_MEM_OTHER, r.f, r.cap_f * sizeof *r.f);
+  kvt_mem_free(&r.mem, KVT_MEM_OTHER, r.segs, r.cap_segs * sizeof *r.segs);
+  kvt_mem_free(&r.mem, KVT_MEM_OTHER, r.ns, r.cap_ns * sizeof *r.ns);
+  assert(kvt_mem_total(&r.mem) == 0); /* every table freed with its size */
+  kvt_mem_fini(&r.mem);
   kvt_io_buf_free(r.win);
   kvt_io_buf_free(r.rec);
   return rc;

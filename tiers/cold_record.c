@@ -5,11 +5,63 @@
 #include <xxhash.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io/io.h"
 #include "tiers/cold_record.h"
+
+/* The layouts as structs of byte arrays (no padding): offsetof checks the
+ * offsets above, sizeof the fixed sizes. Used for nothing else. */
+typedef struct rec_header_layout {
+  uint8_t magic[8], hdr_len[4], rec_len[4], seg_gen[8], key[16], parent[16], ns_seed[16], pos[4],
+      n_layers[4], dtype[4], bytes_each[4];
+} rec_header_layout;
+typedef struct rec_entry_layout {
+  uint8_t format[4], seg[4], seg_gen[8], offset[8], rec_len[4], n_layers[4], dtype[4],
+      bytes_each[4], parent[16], pos[4], reserved[4], ns_seed[16];
+} rec_entry_layout;
+typedef struct rec_slice_layout {
+  uint8_t rel_off[4], stored_len[4], raw_len[4], codec[1], zero[3], checksum[8];
+} rec_slice_layout;
+
+#define REC_AT(type, field, off) \
+  _Static_assert(offsetof(type, field) == (off), #type "." #field " is not at " #off)
+REC_AT(rec_header_layout, magic, KVT_REC_H_MAGIC);
+REC_AT(rec_header_layout, hdr_len, KVT_REC_H_HDR_LEN);
+REC_AT(rec_header_layout, rec_len, KVT_REC_H_REC_LEN);
+REC_AT(rec_header_layout, seg_gen, KVT_REC_H_SEG_GEN);
+REC_AT(rec_header_layout, key, KVT_REC_H_KEY);
+REC_AT(rec_header_layout, parent, KVT_REC_H_PARENT);
+REC_AT(rec_header_layout, ns_seed, KVT_REC_H_NS_SEED);
+REC_AT(rec_header_layout, pos, KVT_REC_H_POS);
+REC_AT(rec_header_layout, n_layers, KVT_REC_H_N_LAYERS);
+REC_AT(rec_header_layout, dtype, KVT_REC_H_DTYPE);
+REC_AT(rec_header_layout, bytes_each, KVT_REC_H_BYTES_EACH);
+_Static_assert(sizeof(rec_header_layout) == KVT_REC_FIXED, "record header fixed part");
+_Static_assert(KVT_REC_FIXED == 88, "the record header's fixed part is 88 bytes in format 1");
+REC_AT(rec_entry_layout, format, KVT_REC_E_FORMAT);
+REC_AT(rec_entry_layout, seg, KVT_REC_E_SEG);
+REC_AT(rec_entry_layout, seg_gen, KVT_REC_E_SEG_GEN);
+REC_AT(rec_entry_layout, offset, KVT_REC_E_OFFSET);
+REC_AT(rec_entry_layout, rec_len, KVT_REC_E_REC_LEN);
+REC_AT(rec_entry_layout, n_layers, KVT_REC_E_N_LAYERS);
+REC_AT(rec_entry_layout, dtype, KVT_REC_E_DTYPE);
+REC_AT(rec_entry_layout, bytes_each, KVT_REC_E_BYTES_EACH);
+REC_AT(rec_entry_layout, parent, KVT_REC_E_PARENT);
+REC_AT(rec_entry_layout, pos, KVT_REC_E_POS);
+REC_AT(rec_entry_layout, reserved, KVT_REC_E_RESERVED);
+REC_AT(rec_entry_layout, ns_seed, KVT_REC_E_NS_SEED);
+_Static_assert(sizeof(rec_entry_layout) == KVT_REC_ENTRY_FIXED, "block entry fixed part");
+_Static_assert(KVT_REC_ENTRY_FIXED == 80, "the block entry's fixed part is 80 bytes in format 1");
+REC_AT(rec_slice_layout, rel_off, KVT_REC_S_REL_OFF);
+REC_AT(rec_slice_layout, stored_len, KVT_REC_S_STORED_LEN);
+REC_AT(rec_slice_layout, raw_len, KVT_REC_S_RAW_LEN);
+REC_AT(rec_slice_layout, codec, KVT_REC_S_CODEC);
+REC_AT(rec_slice_layout, checksum, KVT_REC_S_CHECKSUM);
+_Static_assert(sizeof(rec_slice_layout) == KVT_REC_SLICE && KVT_REC_SLICE == 24, "slice row");
+_Static_assert(sizeof KVT_REC_MAGIC - 1 == sizeof(((rec_header_layout *)0)->magic), "magic");
 
 size_t kvt_rec_entry_len(uint32_t n_layers) {
   return KVT_REC_ENTRY_FIXED + (size_t)KVT_REC_SLICE * n_layers;
@@ -22,35 +74,35 @@ uint32_t kvt_rec_header_len(uint32_t n_layers) {
 uint32_t kvt_rec_planes_overhead(uint32_t esize) { return 8 + 8 * esize; }
 
 void kvt_rec_slice_put(uint8_t *p, const kvt_cold_slice *s) {
-  kvt_le_put32(p, s->rel_off);
-  kvt_le_put32(p + 4, s->stored_len);
-  kvt_le_put32(p + 8, s->raw_len);
-  p[12] = s->codec;
-  p[13] = p[14] = p[15] = 0;
-  kvt_le_put64(p + 16, s->checksum);
+  kvt_le_put32(p + KVT_REC_S_REL_OFF, s->rel_off);
+  kvt_le_put32(p + KVT_REC_S_STORED_LEN, s->stored_len);
+  kvt_le_put32(p + KVT_REC_S_RAW_LEN, s->raw_len);
+  p[KVT_REC_S_CODEC] = s->codec;
+  memset(p + KVT_REC_S_CODEC + 1, 0, 3);
+  kvt_le_put64(p + KVT_REC_S_CHECKSUM, s->checksum);
 }
 
 void kvt_rec_slice_get(const uint8_t *p, kvt_cold_slice *s) {
-  s->rel_off = kvt_le_get32(p);
-  s->stored_len = kvt_le_get32(p + 4);
-  s->raw_len = kvt_le_get32(p + 8);
-  s->codec = p[12];
-  s->checksum = kvt_le_get64(p + 16);
+  s->rel_off = kvt_le_get32(p + KVT_REC_S_REL_OFF);
+  s->stored_len = kvt_le_get32(p + KVT_REC_S_STORED_LEN);
+  s->raw_len = kvt_le_get32(p + KVT_REC_S_RAW_LEN);
+  s->codec = p[KVT_REC_S_CODEC];
+  s->checksum = kvt_le_get64(p + KVT_REC_S_CHECKSUM);
 }
 
 void kvt_rec_entry_put(uint8_t *p, const kvt_cold_entry *e) {
-  kvt_le_put32(p, KVT_REC_FORMAT);
-  kvt_le_put32(p + 4, e->seg);
-  kvt_le_put64(p + 8, e->seg_gen);
-  kvt_le_put64(p + 16, e->offset);
-  kvt_le_put32(p + 24, e->rec_len);
-  kvt_le_put32(p + 28, e->n_layers);
-  kvt_le_put32(p + 32, e->dtype);
-  kvt_le_put32(p + 36, e->bytes_each);
-  memcpy(p + 40, e->parent.b, 16);
-  kvt_le_put32(p + 56, e->pos);
-  kvt_le_put32(p + 60, 0);
-  memcpy(p + 64, e->ns_seed.b, 16);
+  kvt_le_put32(p + KVT_REC_E_FORMAT, KVT_REC_FORMAT);
+  kvt_le_put32(p + KVT_REC_E_SEG, e->seg);
+  kvt_le_put64(p + KVT_REC_E_SEG_GEN, e->seg_gen);
+  kvt_le_put64(p + KVT_REC_E_OFFSET, e->offset);
+  kvt_le_put32(p + KVT_REC_E_REC_LEN, e->rec_len);
+  kvt_le_put32(p + KVT_REC_E_N_LAYERS, e->n_layers);
+  kvt_le_put32(p + KVT_REC_E_DTYPE, e->dtype);
+  kvt_le_put32(p + KVT_REC_E_BYTES_EACH, e->bytes_each);
+  memcpy(p + KVT_REC_E_PARENT, e->parent.b, 16);
+  kvt_le_put32(p + KVT_REC_E_POS, e->pos);
+  kvt_le_put32(p + KVT_REC_E_RESERVED, 0);
+  memcpy(p + KVT_REC_E_NS_SEED, e->ns_seed.b, 16);
 }
 
 int kvt_rec_slice_check(const kvt_cold_entry *e, const kvt_cold_slice *s) {
@@ -78,17 +130,27 @@ static int record_check(const kvt_cold_entry *e, const uint8_t *tab) {
   return 0;
 }
 
+/* Are the n bytes at p zero? What the writer leaves zero must read zero:
+ * a decoded entry or header then encodes back to the same bytes. */
+static int all_zero(const uint8_t *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i]) return 0;
+  return 1;
+}
+
 /* Why kvt_rec_entry_get refuses the len bytes at p: the first check that
  * fails, named by its field, for fsck to report; NULL when it would not. */
 const char *kvt_rec_entry_why(const uint8_t *p, size_t len) {
-  if (len < KVT_REC_ENTRY_FIXED || kvt_le_get32(p) != KVT_REC_FORMAT) return "format version or length";
+  if (len < KVT_REC_ENTRY_FIXED || kvt_le_get32(p + KVT_REC_E_FORMAT) != KVT_REC_FORMAT)
+    return "format version or length";
   kvt_cold_entry e;
   kvt_key k = {{0}};
   if (kvt_rec_entry_get(&k, p, len, &e) == 0) return NULL;
-  uint32_t n = kvt_le_get32(p + 28), dtype = kvt_le_get32(p + 32), each = kvt_le_get32(p + 36);
-  uint64_t off = kvt_le_get64(p + 16), rec_len = kvt_le_get32(p + 24);
+  uint32_t n = kvt_le_get32(p + KVT_REC_E_N_LAYERS), dtype = kvt_le_get32(p + KVT_REC_E_DTYPE);
+  uint32_t each = kvt_le_get32(p + KVT_REC_E_BYTES_EACH);
+  uint64_t off = kvt_le_get64(p + KVT_REC_E_OFFSET), rec_len = kvt_le_get32(p + KVT_REC_E_REC_LEN);
   if (n == 0 || n > KVT_MAX_LAYERS || len != kvt_rec_entry_len(n)) return "n_layers or length";
-  if (p[60] | p[61] | p[62] | p[63]) return "reserved bytes not zero";
+  if (!all_zero(p + KVT_REC_E_RESERVED, 4)) return "reserved bytes not zero";
   if (kvt_dtype_size(dtype) == 0) return "dtype unknown";
   if (each == 0) return "bytes_each is 0";
   if (off % KVT_IO_ALIGN || rec_len % KVT_IO_ALIGN) return "record offset or length off the 4 KiB grid";
@@ -101,29 +163,22 @@ const char *kvt_rec_entry_why(const uint8_t *p, size_t len) {
   return "a slice outside its record, or of an unknown codec";
 }
 
-/* Are the n bytes at p zero? What the writer leaves zero must read zero:
- * a decoded entry or header then encodes back to the same bytes. */
-static int all_zero(const uint8_t *p, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (p[i]) return 0;
-  return 1;
-}
-
 int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold_entry *e) {
-  if (len < KVT_REC_ENTRY_FIXED || kvt_le_get32(p) != KVT_REC_FORMAT) return KVT_ECORRUPT;
+  if (len < KVT_REC_ENTRY_FIXED || kvt_le_get32(p + KVT_REC_E_FORMAT) != KVT_REC_FORMAT)
+    return KVT_ECORRUPT;
   e->key = *key;
-  e->seg = kvt_le_get32(p + 4);
-  e->seg_gen = kvt_le_get64(p + 8);
-  e->offset = kvt_le_get64(p + 16);
-  e->rec_len = kvt_le_get32(p + 24);
-  e->n_layers = kvt_le_get32(p + 28);
-  e->dtype = kvt_le_get32(p + 32);
-  e->bytes_each = kvt_le_get32(p + 36);
-  memcpy(e->parent.b, p + 40, 16);
-  e->pos = kvt_le_get32(p + 56);
-  memcpy(e->ns_seed.b, p + 64, 16);
+  e->seg = kvt_le_get32(p + KVT_REC_E_SEG);
+  e->seg_gen = kvt_le_get64(p + KVT_REC_E_SEG_GEN);
+  e->offset = kvt_le_get64(p + KVT_REC_E_OFFSET);
+  e->rec_len = kvt_le_get32(p + KVT_REC_E_REC_LEN);
+  e->n_layers = kvt_le_get32(p + KVT_REC_E_N_LAYERS);
+  e->dtype = kvt_le_get32(p + KVT_REC_E_DTYPE);
+  e->bytes_each = kvt_le_get32(p + KVT_REC_E_BYTES_EACH);
+  memcpy(e->parent.b, p + KVT_REC_E_PARENT, 16);
+  e->pos = kvt_le_get32(p + KVT_REC_E_POS);
+  memcpy(e->ns_seed.b, p + KVT_REC_E_NS_SEED, 16);
   if (e->n_layers == 0 || e->n_layers > KVT_MAX_LAYERS || len != kvt_rec_entry_len(e->n_layers) ||
-      !all_zero(p + 60, 4))
+      !all_zero(p + KVT_REC_E_RESERVED, 4))
     return KVT_ECORRUPT;
   return record_check(e, p + KVT_REC_ENTRY_FIXED);
 }
@@ -131,17 +186,17 @@ int kvt_rec_entry_get(const kvt_key *key, const uint8_t *p, size_t len, kvt_cold
 void kvt_rec_header_put(uint8_t *dst, const kvt_cold_entry *e, const kvt_cold_slice *sl) {
   uint32_t hl = kvt_rec_header_len(e->n_layers);
   memset(dst, 0, hl);
-  memcpy(dst, KVT_REC_MAGIC, 8);
-  kvt_le_put32(dst + 8, hl);
-  kvt_le_put32(dst + 12, e->rec_len);
-  kvt_le_put64(dst + 16, e->seg_gen);
-  memcpy(dst + 24, e->key.b, 16);
-  memcpy(dst + 40, e->parent.b, 16);
-  memcpy(dst + 56, e->ns_seed.b, 16);
-  kvt_le_put32(dst + 72, e->pos);
-  kvt_le_put32(dst + 76, e->n_layers);
-  kvt_le_put32(dst + 80, e->dtype);
-  kvt_le_put32(dst + 84, e->bytes_each);
+  memcpy(dst + KVT_REC_H_MAGIC, KVT_REC_MAGIC, 8);
+  kvt_le_put32(dst + KVT_REC_H_HDR_LEN, hl);
+  kvt_le_put32(dst + KVT_REC_H_REC_LEN, e->rec_len);
+  kvt_le_put64(dst + KVT_REC_H_SEG_GEN, e->seg_gen);
+  memcpy(dst + KVT_REC_H_KEY, e->key.b, 16);
+  memcpy(dst + KVT_REC_H_PARENT, e->parent.b, 16);
+  memcpy(dst + KVT_REC_H_NS_SEED, e->ns_seed.b, 16);
+  kvt_le_put32(dst + KVT_REC_H_POS, e->pos);
+  kvt_le_put32(dst + KVT_REC_H_N_LAYERS, e->n_layers);
+  kvt_le_put32(dst + KVT_REC_H_DTYPE, e->dtype);
+  kvt_le_put32(dst + KVT_REC_H_BYTES_EACH, e->bytes_each);
   for (uint32_t l = 0; l < e->n_layers; l++)
     kvt_rec_slice_put(dst + KVT_REC_FIXED + KVT_REC_SLICE * l, &sl[l]);
   size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * e->n_layers;
@@ -149,17 +204,17 @@ void kvt_rec_header_put(uint8_t *dst, const kvt_cold_entry *e, const kvt_cold_sl
 }
 
 int kvt_rec_header_get(const uint8_t *h, size_t len, kvt_cold_entry *e, kvt_cold_slice *sl) {
-  if (len < KVT_REC_FIXED || memcmp(h, KVT_REC_MAGIC, 8)) return KVT_ECORRUPT;
-  uint32_t n = kvt_le_get32(h + 76), hl = kvt_le_get32(h + 8);
+  if (len < KVT_REC_FIXED || memcmp(h + KVT_REC_H_MAGIC, KVT_REC_MAGIC, 8)) return KVT_ECORRUPT;
+  uint32_t n = kvt_le_get32(h + KVT_REC_H_N_LAYERS), hl = kvt_le_get32(h + KVT_REC_H_HDR_LEN);
   if (n == 0 || n > KVT_MAX_LAYERS || hl != kvt_rec_header_len(n) || len < hl) return KVT_ECORRUPT;
   size_t tab = KVT_REC_FIXED + (size_t)KVT_REC_SLICE * n;
   if (kvt_le_get64(h + tab) != XXH3_64bits(h, tab) || !all_zero(h + tab + 8, hl - tab - 8))
     return KVT_ECORRUPT;
-  *e = (kvt_cold_entry){.rec_len = kvt_le_get32(h + 12), .seg_gen = kvt_le_get64(h + 16), .pos = kvt_le_get32(h + 72),
-                        .n_layers = n, .dtype = kvt_le_get32(h + 80), .bytes_each = kvt_le_get32(h + 84)};
-  memcpy(e->key.b, h + 24, 16);
-  memcpy(e->parent.b, h + 40, 16);
-  memcpy(e->ns_seed.b, h + 56, 16);
+  *e = (kvt_cold_entry){.rec_len = kvt_le_get32(h + KVT_REC_H_REC_LEN), .seg_gen = kvt_le_get64(h + KVT_REC_H_SEG_GEN), .pos = kvt_le_get32(h + KVT_REC_H_POS),
+                        .n_layers = n, .dtype = kvt_le_get32(h + KVT_REC_H_DTYPE), .bytes_each = kvt_le_get32(h + KVT_REC_H_BYTES_EACH)};
+  memcpy(e->key.b, h + KVT_REC_H_KEY, 16);
+  memcpy(e->parent.b, h + KVT_REC_H_PARENT, 16);
+  memcpy(e->ns_seed.b, h + KVT_REC_H_NS_SEED, 16);
   int rc = record_check(e, h + KVT_REC_FIXED);
   for (uint32_t l = 0; !rc && l < n; l++) kvt_rec_slice_get(h + KVT_REC_FIXED + KVT_REC_SLICE * l, &sl[l]);
   return rc;

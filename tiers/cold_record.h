@@ -18,6 +18,44 @@
 #define KVT_REC_SLICE 24u        /* one slice in an entry or header table */
 #define KVT_REC_ENTRY_FIXED 80u  /* block entry before its slice table */
 
+/* Field offsets, little-endian (docs/format.md, "Cold tier"). cold_record.c
+ * asserts at compile time that each field starts where the one before it
+ * ends and that the last ends at the fixed size: the layout has no gap and
+ * no overlap, and a change to it does not compile unnoticed. */
+enum {
+  /* record header: magic, then the fields, then the slice table at KVT_REC_FIXED */
+  KVT_REC_H_MAGIC = 0,       /* 8 bytes, KVT_REC_MAGIC */
+  KVT_REC_H_HDR_LEN = 8,     /* u32, kvt_rec_header_len(n_layers) */
+  KVT_REC_H_REC_LEN = 12,    /* u32 */
+  KVT_REC_H_SEG_GEN = 16,    /* u64 */
+  KVT_REC_H_KEY = 24,        /* 16 bytes */
+  KVT_REC_H_PARENT = 40,     /* 16 bytes */
+  KVT_REC_H_NS_SEED = 56,    /* 16 bytes */
+  KVT_REC_H_POS = 72,        /* u32 */
+  KVT_REC_H_N_LAYERS = 76,   /* u32 */
+  KVT_REC_H_DTYPE = 80,      /* u32 */
+  KVT_REC_H_BYTES_EACH = 84, /* u32 */
+  /* block entry (the LMDB value): the slice table at KVT_REC_ENTRY_FIXED */
+  KVT_REC_E_FORMAT = 0,      /* u32, KVT_REC_FORMAT */
+  KVT_REC_E_SEG = 4,         /* u32 */
+  KVT_REC_E_SEG_GEN = 8,     /* u64 */
+  KVT_REC_E_OFFSET = 16,     /* u64 */
+  KVT_REC_E_REC_LEN = 24,    /* u32 */
+  KVT_REC_E_N_LAYERS = 28,   /* u32 */
+  KVT_REC_E_DTYPE = 32,      /* u32 */
+  KVT_REC_E_BYTES_EACH = 36, /* u32 */
+  KVT_REC_E_PARENT = 40,     /* 16 bytes */
+  KVT_REC_E_POS = 56,        /* u32 */
+  KVT_REC_E_RESERVED = 60,   /* 4 bytes, zero */
+  KVT_REC_E_NS_SEED = 64,    /* 16 bytes */
+  /* one slice row, in both tables */
+  KVT_REC_S_REL_OFF = 0,     /* u32 */
+  KVT_REC_S_STORED_LEN = 4,  /* u32 */
+  KVT_REC_S_RAW_LEN = 8,     /* u32 */
+  KVT_REC_S_CODEC = 12,      /* u8, then 3 bytes zero */
+  KVT_REC_S_CHECKSUM = 16,   /* u64 */
+};
+
 /* Little-endian fields and the 4 KiB grid, for every reader and writer of
  * these formats (cold.c, cold_record.c, cold_rebuild.c). */
 static inline void kvt_le_put32(uint8_t *p, uint32_t v) {

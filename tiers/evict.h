@@ -28,7 +28,7 @@
 
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "kvtier.h"
 
 typedef struct kvt_evict kvt_evict;

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "kvtier.h"
 
 #define KVT_REUSE_CLASSES 6  /* blocks by accesses seen: 1, 2, 3, 4, 5-8, more */

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 #include "kvtier.h"
 
 /* ---------- what crosses the interface ---------- */

@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "engine/mem.h"
+#include "base/mem.h"
 
 struct kvt_tblk;
 
@@ -41,7 +41,7 @@ typedef struct kvt_lblk {
    * word (gcc does), which would otherwise also read bytes other threads
    * write under the lock - harmless on the CPU, a race for ThreadSanitizer. */
   uint8_t tier;                 /* kvt_tier */
-  uint8_t k_codec, v_codec;     /* warm codecs (tiers/codec.h) */
+  uint8_t k_codec, v_codec;     /* warm codecs (codec/codec.h) */
   uint8_t checked;              /* warm: payload known well formed (this engine
                                    encoded it): readers skip kvt_codec_check */
   uint8_t approx;               /* hot: dequantized from the warm form by a
@@ -99,7 +99,7 @@ void kvt_lblk_free(kvt_mem *m, int mem_cat, kvt_lblk *b);
 void kvt_payload_free(kvt_mem *m, int mem_cat, kvt_lblk *b);
 
 /* Warm tier (warm.c): the quantized form, K and V encoded one after the
- * other with the codecs of tiers/codec.h. */
+ * other with the codecs of codec/codec.h. */
 typedef struct kvt_warm_form {
   uint8_t *payload;
   uint64_t alloc;               /* bytes allocated (or notional) */

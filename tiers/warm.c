@@ -1,5 +1,5 @@
 /* warm.c - the warm tier's form of a layer block: K encoded with a key
- * codec, then V with a value codec (tiers/codec.h), in one 64-byte-aligned
+ * codec, then V with a value codec (codec/codec.h), in one 64-byte-aligned
  * allocation counted in KVT_MEM_WARM. Either side may be KVT_CODEC_NONE:
  * it is then kept exact, its bytes as given, with no header. Encoding runs
  * outside the engine lock on a pinned hot block; the result replaces the
@@ -7,8 +7,8 @@
 #include <errno.h>
 #include <string.h>
 
+#include "codec/codec.h"
 #include "kvtier.h"
-#include "tiers/codec.h"
 #include "tiers/tier.h"
 
 static kvt_cshape cshape(const kvt_shape_lite *s, uint64_t seed) {

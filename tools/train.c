@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/mem.h"
 #include "cmds.h"
 #include "engine/predictor.h"
 #include "kvtier.h"
@@ -1063,13 +1064,17 @@ static int train_main(train_run *r) {
   kvt_pred_shape want = {L, r->h.block_tokens, r->h.head_dim, r->h.n_kv_heads};
   kvt_predictor *p = NULL;
   char why[256] = "";
-  if ((rc = kvt_predictor_parse(bytes, len, &want, &p, why, sizeof why))) {
+  kvt_mem mem;
+  kvt_mem_init(&mem, 0);
+  if ((rc = kvt_predictor_parse(&mem, bytes, len, &want, &p, why, sizeof why))) {
+    kvt_mem_fini(&mem);
     free(bytes);
     fprintf(stderr, "kvtier train: the predictor does not read back: %s\n", why);
     return CLI_FAIL;
   }
   double ns = infer_ns(p, s, L);
   kvt_predictor_free(p);
+  kvt_mem_fini(&mem);
   rc = write_file(c->out, bytes, len);
   free(bytes);
   if (rc) {

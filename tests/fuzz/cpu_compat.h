@@ -1,7 +1,7 @@
 /* cpu_compat.h - force-included into the clang compile of the library for
  * the libFuzzer targets, only when that clang rejects
  * __builtin_cpu_supports("f16c") (clang < 16 does): answers the same
- * questions from cpuid, so tiers/codec.c builds unchanged. */
+ * questions from cpuid, so codec/codec.c builds unchanged. */
 #ifndef KVT_FUZZ_CPU_COMPAT_H
 #define KVT_FUZZ_CPU_COMPAT_H
 

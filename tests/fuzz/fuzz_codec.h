@@ -26,8 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec/codec.h"
 #include "kvtier.h"
-#include "tiers/codec.h"
 
 #define FZ_PREFIX 16
 

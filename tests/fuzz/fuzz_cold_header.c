@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int fix = data[0] & 1;
   uint8_t *h = fz_dup(data + 1, --size);
   if (fix && size >= KVT_REC_FIXED) {
-    uint64_t tab = KVT_REC_FIXED + (uint64_t)KVT_REC_SLICE * fz_get32(h + 76);
+    uint64_t tab = KVT_REC_FIXED + (uint64_t)KVT_REC_SLICE * fz_get32(h + KVT_REC_H_N_LAYERS);
     if (tab + 8 <= size) {
       uint64_t x = XXH3_64bits(h, tab);
       for (int i = 0; i < 8; i++) h[tab + i] = (uint8_t)(x >> 8 * i);

@@ -1,11 +1,11 @@
 /* fuzz_ns.c - libFuzzer target for the namespace decoder
- * (kvt_ns_decode, engine/key.c), what the cold tier's LMDB `ns` database
+ * (kvt_ns_decode, base/key.c), what the cold tier's LMDB `ns` database
  * holds. Input: the stored encoding. What must hold: 0 or KVT_ECORRUPT,
  * nothing read outside the input nor written outside the strings buffer
  * the engine gives it (3 x (KVT_MAX_ID_LEN + 1)); an accepted encoding is
  * exactly what kvt_ns_encode makes of the decoded namespace, so the seed
  * the engine recomputes from it is the seed it was stored under. */
-#include "engine/key.h"
+#include "base/key.h"
 #include "kvtier.h"
 #include "tests/fuzz/fuzz_cold.h"
 

@@ -17,10 +17,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/key.h"
+#include "base/key.h"
+#include "codec/codec.h"
 #include "kvtier.h"
 #include "tests/fuzz/fuzz_cold.h"
-#include "tiers/codec.h"
 #include "tiers/cold.h"
 #include "tiers/cold_record.h"
 

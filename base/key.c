@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "engine/key.h"
+#include "base/key.h"
 
 static uint8_t *put_u32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));

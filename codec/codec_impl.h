@@ -5,7 +5,7 @@
 
 #include <immintrin.h>
 
-#include "tiers/codec.h"
+#include "codec/codec.h"
 
 #define KVT_AVX2 __attribute__((target("avx2,fma,f16c")))
 /* Kernels instantiated for a constant size (a whole vector in registers). */
@@ -27,7 +27,9 @@
 #define KVT_UNROLL _Pragma("GCC unroll 16")
 #endif
 
-extern int kvt_codec_level; /* 0 scalar, 1 AVX2 (set by kvt_codec_force / cpuid) */
+/* 0 scalar, 1 AVX2: process-global (documented in kvtier.h), set from
+ * cpuid when the library loads; only tests change it (kvt_codec_force). */
+extern int kvt_codec_level;
 
 /* Header: "KW", codec id, version, u16 heads, u16 head_dim, u32 tokens,
  * u32 low bits of the seed. */

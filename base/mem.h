@@ -1,7 +1,7 @@
-/* mem.h - the engine's allocation accounting.
- * Every byte the engine allocates goes through these calls and is counted
- * in one category; stats report these counters, never a formula. A test
- * knob fails the Nth allocation so tests can walk every failure path. */
+/* mem.h - the library's allocation accounting (base/, below every layer).
+ * Every byte the engine and its tiers allocate goes through these calls and
+ * is counted in one category; stats report these counters, never a formula.
+ * A test knob fails the Nth allocation so tests can walk every failure path. */
 #ifndef KVT_MEM_H
 #define KVT_MEM_H
 

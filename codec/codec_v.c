@@ -12,8 +12,8 @@
 
 #include <immintrin.h>
 
+#include "codec/codec_impl.h"
 #include "kvtier.h"
-#include "tiers/codec_impl.h"
 
 /* Lloyd-Max quantizers for a standard Gaussian (centroids ascending). */
 static const float lm2[8] = {-1.5104f, -0.4528f, 0.4528f, 1.5104f}; /* padded: loaded 8 at a time */

@@ -3,7 +3,7 @@
  * value on every vector path. */
 #include <cpuid.h>
 
-#include "tiers/hash.h"
+#include "base/hash.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>

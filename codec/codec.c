@@ -1,10 +1,11 @@
-/* codec.c - the codec registry, the 16-byte header, dtype conversion and
- * the choice between scalar and AVX2/F16C kernels (cpuid, once). */
+/* codec.c - the codec registry and its public names (kvt_codec_name,
+ * kvt_codec_parse), the 16-byte header, dtype conversion and the choice
+ * between scalar and AVX2/F16C kernels (cpuid, once). */
 #include <math.h>
 #include <string.h>
 
+#include "codec/codec_impl.h"
 #include "kvtier.h"
-#include "tiers/codec_impl.h"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -26,6 +27,25 @@ const kvt_codec *kvt_codec_by_name(const char *name) {
   for (int i = 1; name && i <= KVT_CODEC_MAX; i++)
     if (strcmp(codecs[i].name, name) == 0) return &codecs[i];
   return NULL;
+}
+
+const char *kvt_codec_name(int codec) {
+  const kvt_codec *c = kvt_codec_get(codec);
+  return c ? c->name : NULL;
+}
+
+int kvt_codec_parse(const char *name, int *k_codec, int *v_codec) {
+  if (!name || !k_codec || !v_codec) return KVT_ENULL;
+  const char *v = strchr(name, 'v');
+  char kname[8];
+  if (!v || (size_t)(v - name) >= sizeof kname) return KVT_EOPTION;
+  memcpy(kname, name, (size_t)(v - name));
+  kname[v - name] = 0;
+  const kvt_codec *kc = kvt_codec_by_name(kname), *vc = kvt_codec_by_name(v);
+  if (!kc || !vc || kc->is_value || !vc->is_value) return KVT_EOPTION;
+  *k_codec = kc->id;
+  *v_codec = vc->id;
+  return 0;
 }
 
 /* ---------- kernel level ---------- */

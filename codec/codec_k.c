@@ -12,8 +12,8 @@
 
 #include <immintrin.h>
 
+#include "codec/codec_impl.h"
 #include "kvtier.h"
-#include "tiers/codec_impl.h"
 
 static int is4(int id) { return id == KVT_CODEC_K4; }
 static size_t row_bytes(int id, uint32_t d) { return is4(id) ? (d + 7) / 8 * 4 : d; }

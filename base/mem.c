@@ -1,6 +1,7 @@
-/* mem.c - counted allocation for the engine (see mem.h). Counters are
- * atomic because payload buffers are allocated outside the engine lock. */
-#include "engine/mem.h"
+/* mem.c - counted allocation for the engine and its tiers (see mem.h).
+ * Counters are atomic because payload buffers are allocated outside the
+ * engine lock. */
+#include "base/mem.h"
 
 #include <stdlib.h>
 #include <string.h>
