@@ -186,7 +186,7 @@ int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost);
 int kvt_hot_make_room(kvt_engine *e, uint64_t cost);
 /* The policy's tier moves of a referenced block b, in place, with the lock
  * held (both drop it while they encode, decode or read). Demote: hot ->
- * warm with the namespace's warm codecs (engine.c). Promote: warm -> hot,
+ * warm with the namespace's warm codecs (engine_place.c). Promote: warm -> hot,
  * exact from the cold tier when the token block is durable there (*exact
  * 1), else dequantized and marked approx (tiermove.c). 0, or an error and
  * b where it was: KVT_ESTATE (pinned or moved meanwhile), KVT_EFULL,

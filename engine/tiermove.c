@@ -77,8 +77,9 @@ int kvt_lblk_promote(kvt_engine *e, kvt_lblk *b, int *exact) {
   /* Room in the hot tier (may drop the lock: b, warm, is not a victim). */
   if (!rc) rc = kvt_hot_make_room(e, f->cost);
   /* Someone else pinned it meanwhile (a reader copies the warm payload),
-   * or it moved: leave it as it is. */
-  if (!rc && (b->tier != KVT_TIER_WARM || b->pins || b->busy || b->refs == 0)) rc = KVT_ESTATE;
+   * or it moved, or another sequence took a reference (a dedup append, a
+   * recall): leave it as it is. */
+  if (!rc && (b->tier != KVT_TIER_WARM || b->pins || b->busy || b->refs != 1)) rc = KVT_ESTATE;
   if (!rc) install_hot(e, b, f, ex);
   kvt_lblk_free(&e->mem, KVT_MEM_HOT, f);
   *exact = ex;
