@@ -231,9 +231,14 @@ static int eval_sequences(eval_run *r) {
 
 /* ---- the engine ---------------------------------------------------------------- */
 
-static int eval_open(eval_run *r, const char *dir) {
+/* An engine in dir for the reference model: a large hot tier, or with a
+ * warm codec every block encoded into warm; the profile and the predictor
+ * loaded. Dedup is verified, so a put whose bytes differ from the stored
+ * copy it shares shows in dedup_mismatches. */
+static int eval_open_engine(eval_run *r, const char *dir, kvt_engine **e, kvt_ns_id *ns) {
   kvt_options o;
   kvt_options_init(&o);
+  o.flags |= KVT_OPEN_VERIFY_DEDUP;
   o.tier_bytes_limit[KVT_TIER_HOT] = 256u << 20;
   if (r->codec.warm) {
     /* Below one block: every put is encoded straight into warm. */
@@ -244,19 +249,35 @@ static int eval_open(eval_run *r, const char *dir) {
     /* exact copies for promotions: what was demoted comes back exact */
     o.tier_bytes_limit[KVT_TIER_COLD] = 1ull << 30;
   }
-  int rc = cli_engine_open(dir, &o, &r->e);
-  if (!rc) rc = rm_ns_register(r->e, &r->m, r->bt, &r->ns);
-  if (!rc && r->codec.warm) rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
+  int rc = cli_engine_open(dir, &o, e);
+  if (!rc) rc = rm_ns_register(*e, &r->m, r->bt, ns);
+  if (!rc && r->codec.warm) rc = kvt_ns_set_codec(*e, *ns, KVT_ALL_LAYERS, r->codec.k, r->codec.v);
   else if (!rc && r->wcodec.warm)
-    rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->wcodec.k, r->wcodec.v);
-  if (rc) return cli_engine_error("eval", "opening the engine", r->e, rc);
-  if (r->cfg.profile && (rc = kvt_ns_load_profile(r->e, r->ns, r->cfg.profile)))
-    return cli_engine_error("eval", r->cfg.profile, r->e, rc);
-  if (r->cfg.predictor && (rc = kvt_ns_load_predictor(r->e, r->ns, r->cfg.predictor)))
-    return cli_engine_error("eval", r->cfg.predictor, r->e, rc);
+    rc = kvt_ns_set_codec(*e, *ns, KVT_ALL_LAYERS, r->wcodec.k, r->wcodec.v);
+  if (rc) return cli_engine_error("eval", "opening the engine", *e, rc);
+  if (r->cfg.profile && (rc = kvt_ns_load_profile(*e, *ns, r->cfg.profile)))
+    return cli_engine_error("eval", r->cfg.profile, *e, rc);
+  if (r->cfg.predictor && (rc = kvt_ns_load_predictor(*e, *ns, r->cfg.predictor)))
+    return cli_engine_error("eval", r->cfg.predictor, *e, rc);
+  return CLI_OK;
+}
+
+/* The first pass (full-cache masses) runs in r->e. A policy runs in an
+ * engine of its own, in dir/policy: in r->e its sequence would adopt the
+ * first pass's blocks (same tokens, same keys), and from layer 1 on those
+ * hold the full cache's K and V, not the ones the model computes under
+ * the policy, so attention would read K and V the policy never had. */
+static int eval_open(eval_run *r, const char *dir) {
+  int rc = eval_open_engine(r, dir, &r->e, &r->ns);
+  if (rc != CLI_OK) return rc;
   r->pe = r->e;
   r->pns = r->ns;
-  return CLI_OK;
+  if (r->pol.scorer == KVT_SCORER_FULL || r->cfg.cold) return CLI_OK; /* no first pass, or --cold */
+  char sub[PATH_MAX];
+  if (snprintf(sub, sizeof sub, "%s/policy", dir) >= (int)sizeof sub)
+    return cli_lib_error("eval", "the scratch directory's path", -ENAMETOOLONG);
+  r->pe = NULL;
+  return eval_open_engine(r, sub, &r->pe, &r->pns);
 }
 
 /* Hot-tier bytes of one layer block of the model at r->bt tokens: its f32
@@ -285,6 +306,7 @@ static int eval_open_recall(eval_run *r, const char *dir) {
   o.cold_segment_bytes = 8u << 20;
   if (r->cfg.warm > 0 || r->cfg.profile) /* the policy's warm share, as eval_open */
     o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20;
+  o.flags |= KVT_OPEN_VERIFY_DEDUP;
   int rc = cli_engine_open(sub, &o, &r->pe);
   if (!rc) rc = rm_ns_register(r->pe, &r->m, r->bt, &r->pns);
   if (!rc && r->wcodec.warm)
@@ -578,6 +600,7 @@ static void eval_print(eval_run *r) {
     json_u64(&j, "recall_bytes", r->pst.recall_bytes);
     json_f64(&j, "recall_ms", (double)r->pst.recall_ns * 1e-6);
     json_u64(&j, "cold_read_bytes", r->pst.cold_read_bytes);
+    json_u64(&j, "dedup_mismatches", r->pst.dedup_mismatches);
     json_obj(&j, "layers");
     for (uint32_t l = 0; l < L; l++) {
       const layer_acc *a = &r->layers[l];
