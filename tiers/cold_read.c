@@ -349,149 +349,195 @@ static void pool_trim(kvt_cold *c, rbuf *pool, size_t *n_pool) {
   *n_pool = 0;
 }
 
+/* What one reader thread keeps between rounds. */
+typedef struct reader {
+  kvt_cold *c;
+  kvt_io *aio;
+  ZSTD_DCtx *dz;
+  inflight *slots;            /* [READER_SLOTS]: requests looked up */
+  span *spans;                /* [READER_SLOTS] */
+  rbuf pool[READER_SLOTS];    /* span buffers kept for reuse */
+  kvt_io_req *start[READER_SLOTS], *done[READER_SLOTS];
+  size_t n_req, n_io, n_pool, depth;
+  span *free_sp, *ready, **ready_tail; /* ready: spans to start, in order */
+} reader;
+
+/* Wait for requests; take as many as there are free slots. NULL with
+ * nothing in flight and nothing queued: the reader stops. *stop is set
+ * then. */
+static kvt_cold_read *reader_take(reader *rd, int *stop) {
+  kvt_cold *c = rd->c;
+  *stop = 0;
+  pthread_mutex_lock(&c->rq_lock);
+  if (!c->rq_head && !rd->n_req) {
+    pthread_mutex_unlock(&c->rq_lock);
+    pool_trim(c, rd->pool, &rd->n_pool);
+    pthread_mutex_lock(&c->rq_lock);
+  }
+  while (!c->rq_head && !rd->n_req && !c->reader_stop) pthread_cond_wait(&c->rq_cv, &c->rq_lock);
+  if (!c->rq_head && !rd->n_req && c->reader_stop) {
+    pthread_mutex_unlock(&c->rq_lock);
+    *stop = 1;
+    return NULL;
+  }
+  kvt_cold_read *take = NULL, **tail = &take;
+  for (size_t room = READER_SLOTS - rd->n_req; c->rq_head && room; room--) {
+    kvt_cold_read *r = c->rq_head;
+    c->rq_head = r->next;
+    r->next = NULL;
+    *tail = r;
+    tail = &r->next;
+  }
+  if (!c->rq_head) c->rq_tail = NULL;
+  pthread_mutex_unlock(&c->rq_lock);
+  return take;
+}
+
+/* Look the requests up, then group them into spans, in request order. */
+static void reader_group(reader *rd, kvt_cold_read *take) {
+  kvt_cold *c = rd->c;
+  MDB_txn *t = NULL;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
+  span *cur = NULL;
+  last_entry le = {0};
+  for (kvt_cold_read *r = take, *next; r; r = next) {
+    next = r->next;
+    if (rc) {
+      read_done(r, rc);
+      continue;
+    }
+    size_t i = 0;
+    while (rd->slots[i].r) i++;
+    inflight *f = &rd->slots[i];
+    if (!read_lookup(c, t, &le, r, f)) continue;
+    rd->n_req++;
+    if (cur && span_joins(cur, f)) {
+      cur->last->sp_next = f;
+    } else {
+      cur = rd->free_sp; /* there is one: spans in use <= requests in flight */
+      rd->free_sp = cur->next;
+      cur->next = NULL;
+      cur->io = (kvt_io_req){.fd = f->fd, .op = KVT_IO_OP_READ, .off = f->off, .user = cur};
+      cur->start = f->off;
+      cur->got = 0;
+      cur->b = (rbuf){0};
+      cur->first = f;
+      *rd->ready_tail = cur;
+      rd->ready_tail = &cur->next;
+    }
+    cur->last = f;
+    f->sp = cur;
+  }
+  if (t) mdb_txn_abort(t);
+}
+
+/* Start what the ring takes; the rest waits for completions. Returns how
+ * many of rd->start to submit. */
+static size_t reader_ready(reader *rd) {
+  kvt_cold *c = rd->c;
+  size_t n_start = 0;
+  while (rd->ready && rd->n_io + n_start < rd->depth) {
+    span *sp = rd->ready;
+    rd->ready = sp->next;
+    if (!rd->ready) rd->ready_tail = &rd->ready;
+    sp->next = NULL;
+    if (!sp->b.p) { /* a new span (a resubmitted one has its buffer) */
+      if (span_buf(c, sp, rd->pool, &rd->n_pool)) { /* nothing to read into */
+        size_t fin = 0;
+        sp->io.res = -ENOMEM;
+        span_done(c, rd->dz, sp, &fin); /* fails them all */
+        rd->n_req -= fin;
+        sp->next = rd->free_sp;
+        rd->free_sp = sp;
+        continue;
+      }
+      sp->io.len = (uint32_t)(span_end(sp) - sp->start);
+      sp->io.buf = sp->b.p;
+      sp->t0_ns = kvt_hist_now_ns();
+    }
+    rd->start[n_start++] = &sp->io;
+  }
+  return n_start;
+}
+
+/* Submit n_start reads and reap what completed into rd->done; returns how
+ * many did. */
+static size_t reader_io(reader *rd, size_t n_start) {
+  kvt_cold *c = rd->c;
+  int rc = n_start ? kvt_io_submit(rd->aio, rd->start, n_start) : 0;
+  if (!rc) rd->n_io += n_start;
+  size_t n_done = 0;
+  if (rc) { /* none started: each fails as a read error would */
+    for (size_t i = 0; i < n_start; i++) rd->start[i]->res = rc;
+    memcpy(rd->done, rd->start, n_start * sizeof *rd->start);
+    n_done = n_start;
+  } else if (rd->n_io) {
+    pthread_mutex_lock(&c->rq_lock);
+    int more = c->rq_head != NULL && rd->n_req < READER_SLOTS;
+    pthread_mutex_unlock(&c->rq_lock);
+    /* A failed reap (EINTR and the like) leaves the reads in flight: their
+     * buffers stay allocated until the kernel is done with them. */
+    kvt_io_reap(rd->aio, more ? 0 : 1, rd->done, READER_SLOTS, &n_done);
+    rd->n_io -= n_done;
+  }
+  return n_done;
+}
+
+/* Finish the n_done completed spans. */
+static void reader_complete(reader *rd, size_t n_done) {
+  kvt_cold *c = rd->c;
+  for (size_t i = 0; i < n_done; i++) {
+    span *sp = rd->done[i]->user;
+    if (span_read_whole(sp)) /* counted before its requests are told */
+      kvt_hist_add(&c->h_read, kvt_hist_now_ns() - sp->t0_ns);
+    size_t fin = 0;
+    int over = span_done(c, rd->dz, sp, &fin);
+    rd->n_req -= fin;
+    if (over) { /* its buffer back to the pool, itself to the free list */
+      rd->pool[rd->n_pool++] = sp->b;
+      sp->b = (rbuf){0};
+      sp->next = rd->free_sp;
+      rd->free_sp = sp;
+    } else { /* short: the rest goes first */
+      sp->next = rd->ready;
+      if (!rd->ready) rd->ready_tail = &sp->next;
+      rd->ready = sp;
+    }
+  }
+}
+
 static void *reader_main(void *arg) {
   struct reader_ctx *rx = arg;
   kvt_cold *c = rx->c;
-  kvt_io *aio = c->aio[rx->i];
-  ZSTD_DCtx *dz = c->dctx_async[rx->i];
-  inflight *slots = calloc(READER_SLOTS, sizeof *slots);
-  span *spans = calloc(READER_SLOTS, sizeof *spans);
-  rbuf pool[READER_SLOTS];
-  kvt_io_req *start[READER_SLOTS], *done[READER_SLOTS];
-  size_t n_req = 0, n_io = 0, n_pool = 0, depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
-  depth = (depth + c->n_readers - 1) / c->n_readers; /* the depth is shared: more in flight
-                                                        measured slower here */
-  if (depth > READER_SLOTS) depth = READER_SLOTS;
-  span *free_sp = NULL, *ready = NULL, **ready_tail = &ready;
-  for (size_t i = 0; spans && i < READER_SLOTS; i++) {
-    spans[i].next = free_sp;
-    free_sp = &spans[i];
+  reader rd = {.c = c, .aio = c->aio[rx->i], .dz = c->dctx_async[rx->i]};
+  rd.slots = calloc(READER_SLOTS, sizeof *rd.slots);
+  rd.spans = calloc(READER_SLOTS, sizeof *rd.spans);
+  rd.depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
+  rd.depth = (rd.depth + c->n_readers - 1) / c->n_readers; /* the depth is shared: more in
+                                                              flight measured slower here */
+  if (rd.depth > READER_SLOTS) rd.depth = READER_SLOTS;
+  rd.ready_tail = &rd.ready;
+  for (size_t i = 0; rd.spans && i < READER_SLOTS; i++) {
+    rd.spans[i].next = rd.free_sp;
+    rd.free_sp = &rd.spans[i];
   }
   for (;;) {
-    pthread_mutex_lock(&c->rq_lock);
-    if (!c->rq_head && !n_req) {
-      pthread_mutex_unlock(&c->rq_lock);
-      pool_trim(c, pool, &n_pool);
-      pthread_mutex_lock(&c->rq_lock);
-    }
-    while (!c->rq_head && !n_req && !c->reader_stop) pthread_cond_wait(&c->rq_cv, &c->rq_lock);
-    if (!c->rq_head && !n_req && c->reader_stop) {
-      pthread_mutex_unlock(&c->rq_lock);
-      break;
-    }
-    kvt_cold_read *take = NULL, **tail = &take;
-    for (size_t room = READER_SLOTS - n_req; c->rq_head && room; room--) {
-      kvt_cold_read *r = c->rq_head;
-      c->rq_head = r->next;
-      r->next = NULL;
-      *tail = r;
-      tail = &r->next;
-    }
-    if (!c->rq_head) c->rq_tail = NULL;
-    pthread_mutex_unlock(&c->rq_lock);
-    if (take && (!slots || !spans)) { /* no memory for the reader: fail them */
+    int stop;
+    kvt_cold_read *take = reader_take(&rd, &stop);
+    if (stop) break;
+    if (take && (!rd.slots || !rd.spans)) { /* no memory for the reader: fail them */
       for (kvt_cold_read *r = take, *next; r; r = next) {
         next = r->next;
         read_done(r, -ENOMEM);
       }
       continue;
     }
-    if (take) { /* look up, then group into spans, in request order */
-      MDB_txn *t = NULL;
-      int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t));
-      span *cur = NULL;
-      last_entry le = {0};
-      for (kvt_cold_read *r = take, *next; r; r = next) {
-        next = r->next;
-        if (rc) {
-          read_done(r, rc);
-          continue;
-        }
-        size_t i = 0;
-        while (slots[i].r) i++;
-        inflight *f = &slots[i];
-        if (!read_lookup(c, t, &le, r, f)) continue;
-        n_req++;
-        if (cur && span_joins(cur, f)) {
-          cur->last->sp_next = f;
-        } else {
-          cur = free_sp; /* there is one: spans in use <= requests in flight */
-          free_sp = cur->next;
-          cur->next = NULL;
-          cur->io = (kvt_io_req){.fd = f->fd, .op = KVT_IO_OP_READ, .off = f->off, .user = cur};
-          cur->start = f->off;
-          cur->got = 0;
-          cur->b = (rbuf){0};
-          cur->first = f;
-          *ready_tail = cur;
-          ready_tail = &cur->next;
-        }
-        cur->last = f;
-        f->sp = cur;
-      }
-      if (t) mdb_txn_abort(t);
-    }
-    /* Start what the ring takes; the rest waits for completions. */
-    size_t n_start = 0;
-    while (ready && n_io + n_start < depth) {
-      span *sp = ready;
-      ready = sp->next;
-      if (!ready) ready_tail = &ready;
-      sp->next = NULL;
-      if (!sp->b.p) { /* a new span (a resubmitted one has its buffer) */
-        if (span_buf(c, sp, pool, &n_pool)) { /* nothing to read into */
-          size_t fin = 0;
-          sp->io.res = -ENOMEM;
-          span_done(c, dz, sp, &fin); /* fails them all */
-          n_req -= fin;
-          sp->next = free_sp;
-          free_sp = sp;
-          continue;
-        }
-        sp->io.len = (uint32_t)(span_end(sp) - sp->start);
-        sp->io.buf = sp->b.p;
-        sp->t0_ns = kvt_hist_now_ns();
-      }
-      start[n_start++] = &sp->io;
-    }
-    int rc = n_start ? kvt_io_submit(aio, start, n_start) : 0;
-    if (!rc) n_io += n_start;
-    size_t n_done = 0;
-    if (rc) { /* none started: each fails as a read error would */
-      for (size_t i = 0; i < n_start; i++) start[i]->res = rc;
-      memcpy(done, start, n_start * sizeof *start);
-      n_done = n_start;
-    } else if (n_io) {
-      pthread_mutex_lock(&c->rq_lock);
-      int more = c->rq_head != NULL && n_req < READER_SLOTS;
-      pthread_mutex_unlock(&c->rq_lock);
-      /* A failed reap (EINTR and the like) leaves the reads in flight: their
-       * buffers stay allocated until the kernel is done with them. */
-      kvt_io_reap(aio, more ? 0 : 1, done, READER_SLOTS, &n_done);
-      n_io -= n_done;
-    }
-    for (size_t i = 0; i < n_done; i++) {
-      span *sp = done[i]->user;
-      if (span_read_whole(sp)) /* counted before its requests are told */
-        kvt_hist_add(&c->h_read, kvt_hist_now_ns() - sp->t0_ns);
-      size_t fin = 0;
-      int over = span_done(c, dz, sp, &fin);
-      n_req -= fin;
-      if (over) { /* its buffer back to the pool, itself to the free list */
-        pool[n_pool++] = sp->b;
-        sp->b = (rbuf){0};
-        sp->next = free_sp;
-        free_sp = sp;
-      } else { /* short: the rest goes first */
-        sp->next = ready;
-        if (!ready) ready_tail = &sp->next;
-        ready = sp;
-      }
-    }
+    if (take) reader_group(&rd, take);
+    reader_complete(&rd, reader_io(&rd, reader_ready(&rd)));
   }
-  pool_trim(c, pool, &n_pool);
-  free(slots);
-  free(spans);
+  pool_trim(c, rd.pool, &rd.n_pool);
+  free(rd.slots);
+  free(rd.spans);
   return NULL;
 }
 

@@ -553,52 +553,70 @@ static int stage_ensure(kvt_cold *c, int buf, size_t need) {
   return rc;
 }
 
-/* Place and build records from recs[0] on, up to group_bytes of them (at
- * least one), in staging buffer `buf`, and list their writes. *used:
- * records looked at (placed, or skipped as indexed); *full: the tier had
- * no room for recs[*used]. Returns 0 with *out the chunk (NULL when there
- * is nothing to write), or an error (nothing of it will be indexed). The
- * chunk holds buf until written; without a chunk, buf is released. */
-static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
-                       int buf, chunk **out, size_t *used, int *full) {
-  *out = NULL;
-  *used = 0;
-  *full = 0;
-  size_t m = 0, stage_need = 0, plane_need = 0;
+/* How many of recs[0..n) go in one chunk (at least one), and the staging
+ * and plane bytes they need. */
+static size_t chunk_count(kvt_cold *c, const kvt_cold_rec *recs, size_t n, size_t *stage_need,
+                          size_t *plane_need) {
+  size_t m = 0;
+  *stage_need = *plane_need = 0;
   while (m < n) { /* the chunk's records */
     uint64_t max = kvt_cold_record_max(recs[m].n_layers, recs[m].bytes_each);
-    if (m && stage_need + max > c->cfg.group_bytes) break;
-    stage_need += max;
+    if (m && *stage_need + max > c->cfg.group_bytes) break;
+    *stage_need += max;
     size_t pn = 2 * (size_t)recs[m].bytes_each + ZSTD_compressBound(4096);
-    if (pn > plane_need) plane_need = pn;
+    if (pn > *plane_need) *plane_need = pn;
     m++;
   }
-  c->post_more = m < n;
-  chunk *k = calloc(1, sizeof *k);
-  uint32_t *sealed = calloc(m + 1, sizeof *sealed);
-  int rc = k && sealed ? 0 : -ENOMEM;
-  if (!rc) {
-    k->buf = buf;
-    k->pl = calloc(m, sizeof *k->pl);
-    k->sl = calloc(m, sizeof *k->sl);
-    k->touched = calloc(2 * m + 2, sizeof *k->touched);
-    k->vic = vic;
-    if (!k->pl || !k->sl || !k->touched) rc = -ENOMEM;
+  return m;
+}
+
+/* Record r placed in segment id: its slices and parts allocated, built at
+ * dst in staging (*staged bytes), the segment's use and pending bytes
+ * counted. */
+static int chunk_place(kvt_cold *c, chunk *k, const kvt_cold_rec *r, int id, uint8_t *dst,
+                       size_t *staged) {
+  size_t np = k->np;
+  placed *p = &k->pl[np];
+  k->sl[np] = malloc(r->n_layers * sizeof **k->sl);
+  p->parts = malloc((r->n_layers + 1) * sizeof *p->parts);
+  if (!k->sl[np] || !p->parts) {
+    free(k->sl[np]);
+    free(p->parts);
+    return -ENOMEM;
   }
-  if (!rc) rc = stage_ensure(c, buf, stage_need + STAGE_SLACK);
-  if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
-  uint8_t *stage = c->stage[buf];
+  seg *s = &c->segs[id];
+  p->seg = (uint32_t)id;
+  p->off = s->used;
+  uint32_t len = build_record(c, r, s->gen, dst, &p->e, k->sl[np], p->parts, staged);
+  p->e.seg = (uint32_t)id;
+  p->e.offset = p->off;
+  pthread_mutex_lock(&c->st_lock); /* the committer saves segment rows */
+  s->used += len;
+  c->pending_bytes += len;
+  pthread_mutex_unlock(&c->st_lock);
+  k->bytes += len;
+  add_touched(k->touched, &k->n_touched, (uint32_t)id);
+  k->np = np + 1;
+  return 0;
+}
+
+/* Place and build recs[0..m) into chunk k from stage on, skipping the
+ * indexed ones (without a victim). *used: records looked at; *full: no
+ * room for recs[*used]; *n_parts: pieces to write. */
+static int chunk_fill(kvt_cold *c, chunk *k, const kvt_cold_rec *recs, size_t m, size_t n,
+                      uint8_t *stage, uint32_t *sealed, size_t *n_sealed, size_t *used, int *full,
+                      size_t *n_parts) {
   MDB_txn *rt = NULL;
-  if (!rc) rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
-  size_t np = 0, n_sealed = 0, stage_off = 0, n_parts = 0, i = 0;
+  int rc = mdb_err(mdb_txn_begin(c->env, NULL, MDB_RDONLY, &rt));
+  size_t stage_off = 0, i = 0;
   for (; i < m && !rc; i++) {
-    if (!vic && key_indexed(c, rt, &recs[i].key)) continue;
+    if (!k->vic && key_indexed(c, rt, &recs[i].key)) continue;
     uint64_t max = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
     if (max > c->cfg.segment_bytes) {
       rc = KVT_EOPTION; /* a record must fit a segment */
       break;
     }
-    int id = seg_for(c, max, vic ? 0 : 1, sealed, &n_sealed);
+    int id = seg_for(c, max, k->vic ? 0 : 1, sealed, n_sealed);
     if (id < 0 && id != KVT_EFULL) {
       rc = id;
       break;
@@ -610,46 +628,22 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       *full = 1;
       break;
     }
-    placed *p = &k->pl[np];
-    k->sl[np] = malloc(recs[i].n_layers * sizeof **k->sl);
-    p->parts = malloc((recs[i].n_layers + 1) * sizeof *p->parts);
-    if (!k->sl[np] || !p->parts) {
-      free(k->sl[np]);
-      free(p->parts);
-      rc = -ENOMEM;
-      break;
-    }
-    seg *s = &c->segs[id];
-    p->seg = (uint32_t)id;
-    p->off = s->used;
     size_t staged;
-    uint32_t len = build_record(c, &recs[i], s->gen, stage + stage_off, &p->e, k->sl[np],
-                                p->parts, &staged);
-    p->e.seg = (uint32_t)id;
-    p->e.offset = p->off;
-    pthread_mutex_lock(&c->st_lock); /* the committer saves segment rows */
-    s->used += len;
-    c->pending_bytes += len;
-    pthread_mutex_unlock(&c->st_lock);
-    k->bytes += len;
+    rc = chunk_place(c, k, &recs[i], id, stage + stage_off, &staged);
+    if (rc) break;
     stage_off += staged;
-    n_parts += recs[i].n_layers + 1;
-    add_touched(k->touched, &k->n_touched, (uint32_t)id);
-    k->np = ++np;
+    *n_parts += recs[i].n_layers + 1;
   }
   *used = i;
   if (rt) mdb_txn_abort(rt);
-  for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
-  free(sealed);
-  /* The descriptors the writer and committer use stay open until then. */
-  for (size_t j = 0; !rc && k && j < k->n_touched; j++) {
-    int fd;
-    rc = cold_seg_hold(c, k->touched[j], &fd);
-    if (!rc) k->n_held++;
-  }
-  /* One write per piece; pieces adjacent both in memory and on disk merge. */
-  if (!rc && !(k->w = calloc(n_parts + 1, sizeof *k->w))) rc = -ENOMEM;
-  for (size_t j = 0; !rc && j < np; j++) {
+  return rc;
+}
+
+/* One write per piece of k's records; pieces adjacent both in memory and
+ * on disk merge. */
+static int chunk_writes(chunk *k, kvt_cold *c, size_t n_parts) {
+  if (!(k->w = calloc(n_parts + 1, sizeof *k->w))) return -ENOMEM;
+  for (size_t j = 0; j < k->np; j++) {
     uint64_t off = k->pl[j].off;
     int fd = c->segs[k->pl[j].seg].fd;
     for (uint32_t l = 0; l <= k->pl[j].e.n_layers; l++) {
@@ -665,7 +659,52 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
       off += pt->len;
     }
   }
-  if (rc || (np == 0 && k->n_touched == 0)) {
+  return 0;
+}
+
+/* A chunk for m records holding staging buffer buf; NULL without memory. */
+static chunk *chunk_new(size_t m, int buf, const victim *vic) {
+  chunk *k = calloc(1, sizeof *k);
+  if (!k) return NULL;
+  k->buf = buf;
+  k->pl = calloc(m, sizeof *k->pl);
+  k->sl = calloc(m, sizeof *k->sl);
+  k->touched = calloc(2 * m + 2, sizeof *k->touched);
+  k->vic = vic;
+  return k;
+}
+
+/* Place and build records from recs[0] on, up to group_bytes of them (at
+ * least one), in staging buffer `buf`, and list their writes. *used:
+ * records looked at (placed, or skipped as indexed); *full: the tier had
+ * no room for recs[*used]. Returns 0 with *out the chunk (NULL when there
+ * is nothing to write), or an error (nothing of it will be indexed). The
+ * chunk holds buf until written; without a chunk, buf is released. */
+static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const victim *vic,
+                       int buf, chunk **out, size_t *used, int *full) {
+  *out = NULL;
+  *used = 0;
+  *full = 0;
+  size_t stage_need, plane_need, n_sealed = 0, n_parts = 0;
+  size_t m = chunk_count(c, recs, n, &stage_need, &plane_need);
+  c->post_more = m < n;
+  chunk *k = chunk_new(m, buf, vic);
+  uint32_t *sealed = calloc(m + 1, sizeof *sealed);
+  int rc = k && sealed ? 0 : -ENOMEM;
+  if (!rc && (!k->pl || !k->sl || !k->touched)) rc = -ENOMEM;
+  if (!rc) rc = stage_ensure(c, buf, stage_need + STAGE_SLACK);
+  if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
+  if (!rc) rc = chunk_fill(c, k, recs, m, n, c->stage[buf], sealed, &n_sealed, used, full, &n_parts);
+  for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
+  free(sealed);
+  /* The descriptors the writer and committer use stay open until then. */
+  for (size_t j = 0; !rc && k && j < k->n_touched; j++) {
+    int fd;
+    rc = cold_seg_hold(c, k->touched[j], &fd);
+    if (!rc) k->n_held++;
+  }
+  if (!rc) rc = chunk_writes(k, c, n_parts);
+  if (rc || (k->np == 0 && k->n_touched == 0)) {
     if (k) {
       k->buf = -1;
       pending_less(c, k);

@@ -5,6 +5,6 @@
 /^[A-Za-z_].*\(/ && !/;[[:space:]]*$/ && !/^(typedef|struct|enum|union|#)/ && !infn {
   start = FNR; name = $0; sub(/\(.*/, "", name); n = split(name, w, /[ *]+/); name = w[n]; cand = 1
 }
-cand && /\{[[:space:]]*$/ { infn = 1; cand = 0 }
+cand && /\{[[:space:]]*(\/\*.*\*\/[[:space:]]*)?$/ { infn = 1; cand = 0 }
 cand && /;[[:space:]]*$/ { cand = 0 }
 infn && /^\}/ { print FNR - start + 1, FILENAME ":" start, name; infn = 0 }
