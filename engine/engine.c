@@ -261,11 +261,11 @@ void kvt_engine_close(kvt_engine *e) {
   kvt_store_unlock(e->lock_fd);
   kvt_event_close(e); /* after the store's readers stopped */
   kvt_err_table_fini(&e->err);
-  free(e->buckets);
-  free(e->ns);
-  free(e->ns_gen);
+  kvt_mem_free(&e->mem, KVT_MEM_INDEX, e->buckets, e->n_buckets * sizeof *e->buckets);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns, e->opt.max_namespaces * sizeof *e->ns);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, e->ns_gen, e->opt.max_namespaces * sizeof *e->ns_gen);
   kvt_mem_fini(&e->mem);
-  free(e);
+  free(e); /* holds the accounting itself: the one allocation it cannot count */
 }
 
 int kvt_stats_get(kvt_engine *e, kvt_stats *st) {

@@ -178,8 +178,13 @@ static void block_done(kvt_engine *e, kvt_tblk *tb, int err) {
 typedef struct flush_batch {
   kvt_engine *e;
   size_t left;                /* blocks not yet told of, + 1 until posted (engine lock) */
+  size_t n;                   /* g[n] */
   kvt_tblk *g[];
 } flush_batch;
+
+static void batch_free(flush_batch *fb) {
+  if (fb) kvt_mem_free(&fb->e->mem, KVT_MEM_OTHER, fb, sizeof *fb + fb->n * sizeof *fb->g);
+}
 
 /* With the engine lock held: n blocks of fb told of; frees it after the last. */
 static int batch_less(flush_batch *fb, size_t n) {
@@ -197,7 +202,7 @@ static void group_settled(void *arg, size_t from, size_t to, int rc) {
   pthread_cond_broadcast(&e->flushed);
   pthread_mutex_unlock(&e->lock);
   kvt_event_signal(e); /* watermarks moved, or errors to report */
-  if (last) free(fb);
+  if (last) batch_free(fb);
 }
 
 /* Hand g[0..n) over (payloads pinned: read with no lock held). */
@@ -218,11 +223,11 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_store_rec *recs
   for (size_t i = 0; i < n; i++)
     need += kvt_store_record_max(e->store, recs[i].n_layers, recs[i].bytes_each);
   kvt_store_evict_for(e->store, need);
-  flush_batch *fb = malloc(sizeof *fb + n * sizeof *g);
+  flush_batch *fb = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, sizeof *fb + n * sizeof *g);
   size_t posted = 0;
   int rc = -ENOMEM;
   if (fb) {
-    *fb = (flush_batch){.e = e, .left = n + 1}; /* ours until post returns */
+    *fb = (flush_batch){.e = e, .left = n + 1, .n = n}; /* ours until post returns */
     memcpy(fb->g, g, n * sizeof *g);
     rc = kvt_store_post(e->store, recs, n, &posted, group_settled, fb);
   }
@@ -234,13 +239,13 @@ static void hand_over(kvt_engine *e, kvt_tblk **g, size_t n, kvt_store_rec *recs
   pthread_cond_broadcast(&e->flushed);
   pthread_mutex_unlock(&e->lock);
   if (posted < n) kvt_event_signal(e); /* blocks failed here */
-  if (last || !fb) free(fb);
+  if (last) batch_free(fb);
 }
 
 static void *flusher_main(void *arg) {
   kvt_engine *e = arg;
   kvt_tblk *g[GROUP_MAX];
-  kvt_store_rec *recs = malloc(GROUP_MAX * sizeof *recs);
+  kvt_store_rec *recs = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, GROUP_MAX * sizeof *recs);
   const uint8_t **ptrs = NULL;
   size_t ptrs_cap = 0;
   pthread_mutex_lock(&e->lock);
@@ -255,8 +260,9 @@ static void *flusher_main(void *arg) {
     pthread_mutex_unlock(&e->lock);
     int rc = recs ? 0 : -ENOMEM;
     if (!rc && need > ptrs_cap) {
-      const uint8_t **np = realloc(ptrs, need * sizeof *np);
-      if (np) {
+      const uint8_t **np = kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, need * sizeof *np);
+      if (np) { /* nothing in it to keep: grown between hand-overs */
+        kvt_mem_free(&e->mem, KVT_MEM_OTHER, ptrs, ptrs_cap * sizeof *ptrs);
         ptrs = np;
         ptrs_cap = need;
       } else {
@@ -277,8 +283,8 @@ static void *flusher_main(void *arg) {
   }
   pthread_mutex_unlock(&e->lock);
   kvt_store_drain(e->store); /* what was handed over settles before the tier closes */
-  free(recs);
-  free(ptrs);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, recs, GROUP_MAX * sizeof *recs);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, ptrs, ptrs_cap * sizeof *ptrs);
   return NULL;
 }
 

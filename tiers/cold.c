@@ -413,18 +413,15 @@ void kvt_cold_close(kvt_cold *c) {
   ZSTD_freeDCtx(c->dctx_sync);
   for (unsigned i = 0; i < READERS_MAX; i++) ZSTD_freeDCtx(c->dctx_async[i]);
   pthread_mutex_destroy(&c->dz_lock);
-  kvt_io_buf_free(c->stage[0]);
-  kvt_io_buf_free(c->stage[1]);
-  kvt_io_buf_free(c->plane);
-  kvt_mem_note(c->mem, KVT_MEM_OTHER,
-               -(int64_t)(c->stage_cap[0] + c->stage_cap[1] + c->plane_cap));
+  cold_buf_free(c, c->stage[0], c->stage_cap[0]);
+  cold_buf_free(c, c->stage[1], c->stage_cap[1]);
+  cold_buf_free(c, c->plane, c->plane_cap);
   if (c->segs) kvt_mem_free(c->mem, KVT_MEM_OTHER, c->segs, c->max_segs * sizeof *c->segs);
   pthread_mutex_destroy(&c->rd_lock);
   pthread_mutex_destroy(&c->st_lock);
   pthread_mutex_destroy(&c->cq_lock);
   pthread_mutex_destroy(&c->gone_lock);
-  free(c->gone_v);
-  free(c->undo);
+  cold_index_fini(c);
   pthread_cond_destroy(&c->cq_cv);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, c, sizeof *c);
 }

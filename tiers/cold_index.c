@@ -20,15 +20,22 @@ const uint8_t *cold_entry_slice(const MDB_val *v, uint32_t layer) {
   return (const uint8_t *)v->mv_data + ENTRY_FIXED + (size_t)SLICE_ENTRY * layer;
 }
 
-/* Room for one more element of size elem in *v (n used, *cap allocated). */
-int cold_grow(void *v, size_t *cap, size_t n, size_t elem) {
+/* Room for one more element of size elem in *v (n used, *cap allocated),
+ * counted in c->mem (KVT_MEM_OTHER); cold_vec_free frees it. */
+int cold_grow(kvt_cold *c, void *v, size_t *cap, size_t n, size_t elem) {
   if (n < *cap) return 0;
   size_t nc = *cap ? 2 * *cap : 64;
-  void *p = realloc(*(void **)v, nc * elem);
+  void *p = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, nc * elem), *old = *(void **)v;
   if (!p) return -ENOMEM;
+  if (n) memcpy(p, old, n * elem);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, old, *cap * elem);
   *(void **)v = p;
   *cap = nc;
   return 0;
+}
+
+void cold_vec_free(kvt_cold *c, void *v, size_t cap, size_t elem) {
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, v, cap * elem);
 }
 
 /* Call fn for every entry of the blocks index, in key order, inside one
@@ -94,7 +101,7 @@ static int gone_add(kvt_cold *c, const kvt_key *key) {
   int hit, rc = 0;
   pthread_mutex_lock(&c->gone_lock);
   size_t i = gone_pos(c, key, &hit);
-  if (!hit && !(rc = cold_grow(&c->gone_v, &c->gone_cap, c->gone_n, sizeof *c->gone_v))) {
+  if (!hit && !(rc = cold_grow(c, &c->gone_v, &c->gone_cap, c->gone_n, sizeof *c->gone_v))) {
     memmove(c->gone_v + i + 1, c->gone_v + i, (c->gone_n - i) * sizeof *c->gone_v);
     c->gone_v[i] = *key;
     c->gone_n++;
@@ -181,7 +188,7 @@ int cold_txn_end(kvt_cold *c, MDB_txn *t, int rc) {
   /* The log is taken while the writer lock is still held: once the
    * transaction ends, another thread's may fill c->undo. */
   undo_rec *undo = c->undo;
-  size_t n_undo = c->undo_n;
+  size_t n_undo = c->undo_n, cap_undo = c->undo_cap;
   c->undo = NULL;
   c->undo_n = c->undo_cap = 0;
   if (!rc) rc = mdb_err(mdb_txn_commit(t));
@@ -198,8 +205,27 @@ int cold_txn_end(kvt_cold *c, MDB_txn *t, int rc) {
       pthread_mutex_unlock(&c->ev_lock);
     }
   }
-  free(undo);
+  cold_vec_free(c, undo, cap_undo, sizeof *undo);
   return rc;
+}
+
+void *cold_buf_alloc(kvt_cold *c, size_t len) {
+  void *p = kvt_mem_alloc_align(c->mem, KVT_MEM_OTHER, KVT_IO_ALIGN, len ? len : 1);
+  if (p) memset(p, 0, kvt_mem_round_to(len ? len : 1, KVT_IO_ALIGN));
+  return p;
+}
+
+void cold_buf_free(kvt_cold *c, void *p, size_t len) {
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, p, kvt_mem_round_to(len ? len : 1, KVT_IO_ALIGN));
+}
+
+/* At close: the keys being removed and an undo log left over. */
+void cold_index_fini(kvt_cold *c) {
+  cold_vec_free(c, c->gone_v, c->gone_cap, sizeof *c->gone_v);
+  cold_vec_free(c, c->undo, c->undo_cap, sizeof *c->undo);
+  c->gone_v = NULL;
+  c->undo = NULL;
+  c->gone_cap = c->undo_cap = 0;
 }
 
 int cold_remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key) {
@@ -208,7 +234,7 @@ int cold_remove_in(kvt_cold *c, MDB_txn *t, const kvt_key *key) {
   MDB_val k = {16, (void *)key->b};
   if (rc == KVT_ECORRUPT) return mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
   if (rc) return rc;
-  if ((rc = cold_grow(&c->undo, &c->undo_cap, c->undo_n, sizeof *c->undo))) return rc;
+  if ((rc = cold_grow(c, &c->undo, &c->undo_cap, c->undo_n, sizeof *c->undo))) return rc;
   rc = mdb_err(mdb_del(t, c->db_blocks, &k, NULL));
   if (rc) return rc;
   int tracked = 0;
@@ -306,7 +332,7 @@ static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v,
     return rc;
   }
   why = header_mismatch(h, e, v);
-  kvt_io_buf_free(h);
+  cold_buf_free(c, h, hl);
   h = NULL;
   if (why) {
     snprintf(msg, cap, "segment %u offset %llu: index entry: %s", e->seg, off, why);
@@ -324,7 +350,7 @@ static int verify_entry(kvt_cold *c, const kvt_cold_entry *e, const MDB_val *v,
       why = rc == KVT_ECORRUPT ? "slice past the end of the segment" : kvt_strerror(rc);
     else if (!cold_slice_ok(h, e, l, &s))
       why = "slice checksum mismatch";
-    kvt_io_buf_free(h);
+    cold_buf_free(c, h, len);
     h = NULL;
     if (why) {
       snprintf(msg, cap, "segment %u offset %llu layer %u: %s", e->seg, off, l, why);
@@ -435,7 +461,7 @@ typedef struct verify_ctx {
 
 static int verify_ns_one(void *arg, const kvt_key *seed, const uint8_t *enc, size_t len) {
   verify_ctx *x = arg;
-  if (cold_grow(&x->ns, &x->ns_cap, x->n_ns, sizeof *x->ns)) return -ENOMEM;
+  if (cold_grow(x->c, &x->ns, &x->ns_cap, x->n_ns, sizeof *x->ns)) return -ENOMEM;
   verify_ns *n = &x->ns[x->n_ns++];
   n->seed = *seed;
   n->ok = kvt_cold_ns_shape(enc, len, &n->sh) == 0;
@@ -455,7 +481,7 @@ static int verify_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt
   if (trouble) snprintf(x->msg, sizeof x->msg, "segment file segments/seg-%08u %s", e->seg, trouble);
   x->bad++;
   if (x->report) x->report(x->arg, key, x->msg);
-  if (cold_grow(&x->broken, &x->cap, x->n_broken, sizeof *x->broken)) return -ENOMEM;
+  if (cold_grow(x->c, &x->broken, &x->cap, x->n_broken, sizeof *x->broken)) return -ENOMEM;
   x->broken[x->n_broken++] = *key;
   return 0;
 }
@@ -471,8 +497,8 @@ int kvt_cold_verify(kvt_cold *c, int repair, uint64_t *checked, uint64_t *bad,
   *bad = x.bad;
   if (!rc && repair && x.n_broken) rc = cold_remove_keys(c, x.broken, x.n_broken, NULL, NULL);
   if (!rc && repair) rc = segs_free_unusable(c);
-  free(x.broken);
-  free(x.ns);
+  cold_vec_free(c, x.broken, x.cap, sizeof *x.broken);
+  cold_vec_free(c, x.ns, x.ns_cap, sizeof *x.ns);
   return rc;
 }
 
@@ -490,6 +516,7 @@ static int cmp_drop_pos(const void *a, const void *b) {
 }
 
 typedef struct drop_ctx {
+  kvt_cold *c;
   const kvt_key *seed, *root;
   uint32_t root_pos;
   drop_ent *ents;
@@ -500,22 +527,23 @@ static int drop_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_c
   drop_ctx *x = arg;
   (void)v;
   if (!e || memcmp(e->ns_seed.b, x->seed->b, 16) || (x->root && e->pos <= x->root_pos)) return 0;
-  if (cold_grow(&x->ents, &x->cap, x->n, sizeof *x->ents)) return -ENOMEM;
+  if (cold_grow(x->c, &x->ents, &x->cap, x->n, sizeof *x->ents)) return -ENOMEM;
   x->ents[x->n++] = (drop_ent){.key = *key, .parent = e->parent, .pos = e->pos};
   return 0;
 }
 
 /* Entries of namespace seed (all, or those whose chain passes through
- * root), as keys sorted for bsearch. */
+ * root), as keys sorted for bsearch; *out holds n_out, allocated for
+ * *cap_out (cold_vec_free). */
 static int drop_collect(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
-                        kvt_key **out, size_t *n_out) {
+                        kvt_key **out, size_t *n_out, size_t *cap_out) {
   *out = NULL;
-  *n_out = 0;
-  drop_ctx x = {.seed = seed, .root = root, .root_pos = root_pos};
+  *n_out = *cap_out = 0;
+  drop_ctx x = {.c = c, .seed = seed, .root = root, .root_pos = root_pos};
   int rc = cold_each_entry(c, drop_one, &x);
   drop_ent *ents = x.ents;
   size_t n = x.n;
-  kvt_key *keys = rc ? NULL : malloc((n + 1) * sizeof *keys);
+  kvt_key *keys = rc ? NULL : kvt_mem_alloc(c->mem, KVT_MEM_OTHER, (n + 1) * sizeof *keys);
   if (!rc && !keys) rc = -ENOMEM;
   size_t m = 0;
   if (!rc && !root) {
@@ -533,10 +561,11 @@ static int drop_collect(kvt_cold *c, const kvt_key *seed, const kvt_key *root, u
       m++;
     }
   }
-  free(ents);
+  cold_vec_free(c, ents, x.cap, sizeof *ents);
   if (rc) return rc;
   *out = keys;
   *n_out = m;
+  *cap_out = n + 1;
   return 0;
 }
 
@@ -545,9 +574,9 @@ int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_
   if (dropped) *dropped = 0;
   if (c->cfg.rdonly) return KVT_ERDONLY;
   kvt_key *keys;
-  size_t n;
-  int rc = drop_collect(c, seed, root, root_pos, &keys, &n);
+  size_t n, cap;
+  int rc = drop_collect(c, seed, root, root_pos, &keys, &n, &cap);
   if (!rc) rc = cold_remove_keys(c, keys, n, root ? NULL : seed, dropped);
-  free(keys);
+  cold_vec_free(c, keys, cap, sizeof *keys);
   return rc;
 }

@@ -216,7 +216,13 @@ int cold_get_entry(const kvt_key *key, const MDB_val *v, kvt_cold_entry *e);
 void cold_get_slice(const uint8_t *p, kvt_cold_slice *s);
 void cold_gone_clear(kvt_cold *c);
 void cold_gone_del(kvt_cold *c, const kvt_key *key);
-int cold_grow(void *v, size_t *cap, size_t n, size_t elem);
+int cold_grow(kvt_cold *c, void *v, size_t *cap, size_t n, size_t elem);
+void cold_vec_free(kvt_cold *c, void *v, size_t cap, size_t elem);
+void cold_index_fini(kvt_cold *c);
+/* Direct-I/O buffers (KVT_IO_ALIGN-aligned, zeroed), counted in c->mem
+ * (OTHER) under the failing-allocator hook; freed with the len asked. */
+void *cold_buf_alloc(kvt_cold *c, size_t len);
+void cold_buf_free(kvt_cold *c, void *p, size_t len);
 int cold_keep_or_mark(kvt_cold *c, const kvt_key *key);
 int cold_key_cmp(const void *a, const void *b);
 void cold_put_entry(uint8_t *p, const kvt_cold_entry *e);

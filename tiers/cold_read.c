@@ -8,7 +8,7 @@ int cold_read_range(kvt_cold *c, uint32_t id, uint64_t off, uint32_t len, uint8_
   int fd;
   int rc = cold_seg_hold(c, id, &fd);
   if (rc) return rc;
-  uint8_t *buf = kvt_io_buf_alloc(len);
+  uint8_t *buf = cold_buf_alloc(c, len);
   if (!buf) {
     cold_seg_release(c, id);
     return -ENOMEM;
@@ -21,7 +21,7 @@ int cold_read_range(kvt_cold *c, uint32_t id, uint64_t off, uint32_t len, uint8_
   if (!rc) kvt_hist_add(&c->h_read, kvt_hist_now_ns() - t0);
   cold_seg_release(c, id);
   if (rc) {
-    kvt_io_buf_free(buf);
+    cold_buf_free(c, buf, len);
     return rc == -EIO && r.res >= 0 ? KVT_ECORRUPT : rc; /* short: past the end */
   }
   *out = buf;
@@ -36,18 +36,18 @@ int cold_slice_ok(const uint8_t *p, const kvt_cold_entry *e, uint32_t layer, con
 
 /* Decode a checked payload into K||V split across k_out and v_out; dz
  * decompresses (one thread at a time). */
-static int decode_payload(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s, uint32_t esize,
-                          void *k_out, void *v_out, size_t each) {
-  return kvt_rec_payload_decode(dz, p, s, esize, k_out, v_out, each);
+static int decode_payload(kvt_cold *c, ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s,
+                          uint32_t esize, void *k_out, void *v_out, size_t each) {
+  return kvt_rec_payload_decode(c->mem, dz, p, s, esize, k_out, v_out, each);
 }
 
 /* decode_payload for a synchronous read (any thread). */
 static int decode_sync(kvt_cold *c, const uint8_t *p, const kvt_cold_slice *s, uint32_t esize,
                        void *k_out, void *v_out, size_t each) {
-  if (s->codec == KVT_COLD_CODEC_RAW) return decode_payload(NULL, p, s, esize, k_out, v_out, each);
+  if (s->codec == KVT_COLD_CODEC_RAW) return decode_payload(c, NULL, p, s, esize, k_out, v_out, each);
   pthread_mutex_lock(&c->dz_lock);
   if (!c->dctx_sync) c->dctx_sync = ZSTD_createDCtx();
-  int rc = decode_payload(c->dctx_sync, p, s, esize, k_out, v_out, each);
+  int rc = decode_payload(c, c->dctx_sync, p, s, esize, k_out, v_out, each);
   pthread_mutex_unlock(&c->dz_lock);
   return rc;
 }
@@ -110,7 +110,7 @@ static int read_layer_once(kvt_cold *c, const kvt_key *key, uint32_t layer, void
   if (!rc && !cold_slice_ok(buf, &e, layer, &s)) rc = KVT_ECORRUPT;
   if (!rc) rc = decode_sync(c, buf, &s, (uint32_t)kvt_dtype_size(e.dtype), k_out, v_out,
                             bytes_each);
-  kvt_io_buf_free(buf);
+  cold_buf_free(c, buf, len);
   if (rc == KVT_ECORRUPT) rc = final ? bad_or_moved(c, key, &e) : 1;
   pthread_mutex_lock(&c->st_lock);
   if (rc == KVT_ECORRUPT) c->st.checksum_failures++;
@@ -131,6 +131,7 @@ struct kvt_cold_batch {
   size_t pending;
   void (*notify)(void *arg);   /* told once pending reaches 0 (the tier's read_notify) */
   void *notify_arg;
+  kvt_mem *mem;                /* counted in (the engine's: it outlives the store) */
 };
 
 static void read_done(kvt_cold_read *r, int status) {
@@ -271,7 +272,7 @@ static void read_finish(kvt_cold *c, ZSTD_DCtx *dz, inflight *f, int res) {
   const uint8_t *p = res ? NULL : f->sp->b.p + (f->off - f->sp->start);
   int rc = res;
   if (!rc && !cold_slice_ok(p, &f->e, r->layer, &f->s)) rc = KVT_ECORRUPT;
-  if (!rc) rc = decode_payload(dz, p, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
+  if (!rc) rc = decode_payload(c, dz, p, &f->s, (uint32_t)kvt_dtype_size(f->e.dtype),
                                r->k_out, r->v_out, r->bytes_each);
   if (rc == KVT_ECORRUPT) { /* bad: removed; moved meanwhile: a miss (not read again here) */
     rc = bad_or_moved(c, &r->key, &f->e);
@@ -328,14 +329,13 @@ static int span_buf(kvt_cold *c, span *sp, rbuf *pool, size_t *n_pool) {
   sp->b = *n_pool ? pool[--*n_pool] : (rbuf){0};
   if (sp->b.cap >= len) return 0;
   size_t cap = len < (64u << 10) ? 64u << 10 : len;
-  uint8_t *p = kvt_io_buf_alloc(cap);
+  uint8_t *p = cold_buf_alloc(c, cap);
   if (!p) {
     pool[(*n_pool)++] = sp->b; /* keep what there was */
     sp->b = (rbuf){0};
     return -ENOMEM;
   }
-  kvt_io_buf_free(sp->b.p);
-  kvt_mem_note(c->mem, KVT_MEM_OTHER, (int64_t)cap - (int64_t)sp->b.cap);
+  cold_buf_free(c, sp->b.p, sp->b.cap);
   sp->b = (rbuf){p, cap};
   return 0;
 }
@@ -343,8 +343,7 @@ static int span_buf(kvt_cold *c, span *sp, rbuf *pool, size_t *n_pool) {
 /* The reader goes idle (or stops): the pool's buffers go. */
 static void pool_trim(kvt_cold *c, rbuf *pool, size_t *n_pool) {
   for (size_t i = 0; i < *n_pool; i++) {
-    kvt_io_buf_free(pool[i].p);
-    kvt_mem_note(c->mem, KVT_MEM_OTHER, -(int64_t)pool[i].cap);
+    cold_buf_free(c, pool[i].p, pool[i].cap);
   }
   *n_pool = 0;
 }
@@ -510,8 +509,8 @@ static void *reader_main(void *arg) {
   struct reader_ctx *rx = arg;
   kvt_cold *c = rx->c;
   reader rd = {.c = c, .aio = c->aio[rx->i], .dz = c->dctx_async[rx->i]};
-  rd.slots = calloc(READER_SLOTS, sizeof *rd.slots);
-  rd.spans = calloc(READER_SLOTS, sizeof *rd.spans);
+  rd.slots = kvt_mem_calloc(c->mem, KVT_MEM_OTHER, READER_SLOTS * sizeof *rd.slots);
+  rd.spans = kvt_mem_calloc(c->mem, KVT_MEM_OTHER, READER_SLOTS * sizeof *rd.spans);
   rd.depth = c->cfg.io.depth ? c->cfg.io.depth : 64;
   rd.depth = (rd.depth + c->n_readers - 1) / c->n_readers; /* the depth is shared: more in
                                                               flight measured slower here */
@@ -536,8 +535,8 @@ static void *reader_main(void *arg) {
     reader_complete(&rd, reader_io(&rd, reader_ready(&rd)));
   }
   pool_trim(c, rd.pool, &rd.n_pool);
-  free(rd.slots);
-  free(rd.spans);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, rd.slots, READER_SLOTS * sizeof *rd.slots);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, rd.spans, READER_SLOTS * sizeof *rd.spans);
   return NULL;
 }
 
@@ -571,8 +570,9 @@ static int batch_done(kvt_store_batch *b) { return kvt_cold_read_done((kvt_cold_
 int kvt_cold_read_submit(kvt_cold *c, kvt_cold_read *reqs, size_t n, kvt_cold_batch **out) {
   *out = NULL;
   if (n == 0) return KVT_ECOUNT;
-  kvt_cold_batch *b = malloc(sizeof *b);
+  kvt_cold_batch *b = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, sizeof *b);
   if (!b) return -ENOMEM;
+  b->mem = c->mem;
   b->base = (kvt_store_batch){.wait = batch_wait, .done = batch_done};
   pthread_mutex_init(&b->m, NULL);
   pthread_cond_init(&b->cv, NULL);
@@ -601,5 +601,5 @@ void kvt_cold_read_wait(kvt_cold_batch *b) {
   pthread_mutex_unlock(&b->m);
   pthread_mutex_destroy(&b->m);
   pthread_cond_destroy(&b->cv);
-  free(b);
+  kvt_mem_free(b->mem, KVT_MEM_OTHER, b, sizeof *b);
 }

@@ -72,6 +72,7 @@ static int carry_load(kvt_cold *c, const kvt_cold_entry *e, carry *cy) {
 
 /* Entries that live in segment id (its current generation). */
 typedef struct seg_ctx {
+  kvt_cold *c;
   uint32_t id;
   uint64_t gen;
   kvt_cold_entry *v;
@@ -83,21 +84,24 @@ static int seg_one(void *arg, const kvt_key *key, const MDB_val *v, const kvt_co
   (void)key;
   (void)v;
   if (!e || e->seg != x->id || e->seg_gen != x->gen) return 0;
-  if (cold_grow(&x->v, &x->cap, x->n, sizeof *x->v)) return -ENOMEM;
+  if (cold_grow(x->c, &x->v, &x->cap, x->n, sizeof *x->v)) return -ENOMEM;
   x->v[x->n++] = *e;
   return 0;
 }
 
-static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n_out) {
-  seg_ctx x = {.id = id, .gen = c->segs[id].gen};
+/* *out holds *n_out entries, allocated for *cap_out (cold_vec_free). */
+static int seg_entries(kvt_cold *c, uint32_t id, kvt_cold_entry **out, size_t *n_out,
+                       size_t *cap_out) {
+  seg_ctx x = {.c = c, .id = id, .gen = c->segs[id].gen};
   int rc = cold_each_entry(c, seg_one, &x);
   if (rc) {
-    free(x.v);
+    cold_vec_free(c, x.v, x.cap, sizeof *x.v);
     x.v = NULL;
-    x.n = 0;
+    x.n = x.cap = 0;
   }
   *out = x.v;
   *n_out = x.n;
+  *cap_out = x.cap;
   return rc;
 }
 
@@ -177,8 +181,8 @@ static int64_t reclaim_one(kvt_cold *c) {
   }
   victim vic = {(uint32_t)id, c->segs[id].gen};
   kvt_cold_entry *ents;
-  size_t n;
-  int rc = seg_entries(c, vic.id, &ents, &n);
+  size_t n, cap_ents;
+  int rc = seg_entries(c, vic.id, &ents, &n, &cap_ents);
   if (rc) return rc;
   carry *cy = n ? kvt_mem_calloc(c->mem, KVT_MEM_OTHER, n * sizeof *cy) : NULL;
   uint64_t kept = 0, *sizes = n ? kvt_mem_alloc(c->mem, KVT_MEM_OTHER, n * sizeof *sizes) : NULL;
@@ -215,7 +219,7 @@ static int64_t reclaim_one(kvt_cold *c) {
   if (cy) carry_free(c, cy, n_cy);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, cy, n * sizeof *cy);
   kvt_mem_free(c->mem, KVT_MEM_OTHER, sizes, n * sizeof *sizes);
-  free(ents);
+  cold_vec_free(c, ents, cap_ents, sizeof *ents);
   if (!freed && was_active && c->active < 0 && c->segs[id].state == SEG_FULL) {
     pthread_mutex_lock(&c->st_lock); /* not reclaimed after all: append to it again */
     c->segs[id].state = SEG_OPEN;
@@ -238,7 +242,7 @@ static int64_t reclaim_one(kvt_cold *c) {
  * reclaiming helps (at most every segment once), keeping one spare
  * segment for relocations. Reclaiming needs the pipeline drained. */
 static int make_room(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
-  uint64_t *sizes = malloc(n * sizeof *sizes);
+  uint64_t *sizes = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, n * sizeof *sizes);
   if (!sizes) return -ENOMEM;
   for (size_t i = 0; i < n; i++) sizes[i] = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
   int rc = 0;
@@ -249,7 +253,7 @@ static int make_room(kvt_cold *c, const kvt_cold_rec *recs, size_t n) {
     if (r <= 0) rc = (int)r;
     if (r == 0) break;
   }
-  free(sizes);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, sizes, n * sizeof *sizes);
   return rc;
 }
 
@@ -376,8 +380,8 @@ static int in_kept(void *arg, const kvt_key *key) {
   return k->n && bsearch(key, k->v, k->n, sizeof *k->v, cold_key_cmp) != NULL;
 }
 
-static int kept_add(kept_set *k, const kvt_key *key) {
-  int rc = cold_grow(&k->v, &k->cap, k->n, sizeof *k->v);
+static int kept_add(kvt_cold *c, kept_set *k, const kvt_key *key) {
+  int rc = cold_grow(c, &k->v, &k->cap, k->n, sizeof *k->v);
   if (rc) return rc;
   size_t i = k->n;
   while (i > 0 && cold_key_cmp(&k->v[i - 1], key) > 0) i--;
@@ -437,10 +441,10 @@ int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
     pthread_mutex_unlock(&c->ev_lock);
     if (r) break; /* everything left is referenced */
     if (cold_keep_or_mark(c, &v)) { /* referenced: look past it */
-      if ((rc = kept_add(&kept, &v))) break;
+      if ((rc = kept_add(c, &kept, &v))) break;
       continue;
     }
-    if ((rc = cold_grow(&gone, &cap_gone, n_gone, sizeof *gone))) {
+    if ((rc = cold_grow(c, &gone, &cap_gone, n_gone, sizeof *gone))) {
       cold_gone_del(c, &v);
       break;
     }
@@ -452,8 +456,8 @@ int64_t kvt_cold_evict_for(kvt_cold *c, uint64_t need) {
   int rrc = n_gone ? cold_remove_keys(c, gone, n_gone, NULL, &removed) : 0; /* durable, one txn */
   if (rrc) evict_restore(c, gone, n_gone); /* still indexed: back in the order */
   cold_gone_clear(c);
-  free(kept.v);
-  free(gone);
+  cold_vec_free(c, kept.v, kept.cap, sizeof *kept.v);
+  cold_vec_free(c, gone, cap_gone, sizeof *gone);
   if (!rc) rc = rrc;
   if (rc) return rc;
   pthread_mutex_lock(&c->st_lock);

@@ -241,7 +241,7 @@ static void planes_join2(const uint8_t *lo, const uint8_t *hi, size_t n, uint8_t
   }
 }
 
-int kvt_rec_payload_decode(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s,
+int kvt_rec_payload_decode(kvt_mem *m, ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s,
                            uint32_t esize, void *k_out, void *v_out, size_t each) {
   if (s->raw_len != 2 * (uint64_t)each) return KVT_ECORRUPT;
   if (s->codec == KVT_COLD_CODEC_RAW) {
@@ -255,7 +255,8 @@ int kvt_rec_payload_decode(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice
       (uint64_t)kvt_le_get32(p + 4) * esize != s->raw_len || each % esize)
     return KVT_ECORRUPT;
   size_t n = kvt_le_get32(p + 4), off = kvt_rec_planes_overhead(esize);
-  uint8_t *planes = malloc(esize == 2 ? 2 * n + 1 : n + 1); /* f16: both planes, joined at once */
+  size_t planes_len = esize == 2 ? 2 * n + 1 : n + 1; /* f16: both planes, joined at once */
+  uint8_t *planes = kvt_mem_alloc(m, KVT_MEM_OTHER, planes_len);
   int rc = planes ? 0 : -ENOMEM;
   for (uint32_t pi = 0; !rc && pi < esize; pi++) {
     const uint8_t *ph = p + 8 + 8 * pi;
@@ -273,6 +274,6 @@ int kvt_rec_payload_decode(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice
   }
   if (!rc && off != s->stored_len) rc = KVT_ECORRUPT;
   if (!rc && esize == 2) planes_join2(planes, planes + n, n, k_out, v_out, each);
-  free(planes);
+  kvt_mem_free(m, KVT_MEM_OTHER, planes, planes_len);
   return rc;
 }

@@ -121,9 +121,10 @@ int kvt_rec_header_get(const uint8_t *h, size_t len, kvt_cold_entry *e, kvt_cold
 /* Decode a slice payload (s->stored_len bytes at p, checksum already
  * checked) into K and V, each bytes at k_out and v_out; esize is the
  * dtype's element size. dz decompresses zstd planes (NULL: a plane that
- * needs it is -ENOMEM). 0, KVT_ECORRUPT (never writing past each bytes
- * of k_out and v_out), or -ENOMEM. */
-int kvt_rec_payload_decode(ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s,
+ * needs it is -ENOMEM). The planes' scratch is counted in m (OTHER). 0,
+ * KVT_ECORRUPT (never writing past each bytes of k_out and v_out), or
+ * -ENOMEM. */
+int kvt_rec_payload_decode(kvt_mem *m, ZSTD_DCtx *dz, const uint8_t *p, const kvt_cold_slice *s,
                            uint32_t esize, void *k_out, void *v_out, size_t each);
 
 #endif

@@ -28,10 +28,9 @@ uint64_t kvt_cold_record_max(uint32_t n_layers, uint32_t bytes_each) {
 static int ensure(kvt_cold *c, uint8_t **buf, size_t *cap, size_t need) {
   if (*cap >= need) return 0;
   size_t n = kvt_align4k(need + need / 2);
-  void *p = kvt_io_buf_alloc(n);
+  void *p = cold_buf_alloc(c, n);
   if (!p) return -ENOMEM;
-  kvt_io_buf_free(*buf);
-  kvt_mem_note(c->mem, KVT_MEM_OTHER, (int64_t)n - (int64_t)*cap);
+  cold_buf_free(c, *buf, *cap);
   *buf = p;
   *cap = n;
   return 0;
@@ -256,7 +255,11 @@ static int commit_group(kvt_cold *c, placed *pl, size_t n, kvt_cold_slice *const
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
-  uint8_t *val = NULL;
+  size_t val_cap = 0; /* one value buffer, for the largest entry */
+  for (size_t i = 0; i < n; i++)
+    if (cold_entry_len(pl[i].e.n_layers) > val_cap) val_cap = cold_entry_len(pl[i].e.n_layers);
+  uint8_t *val = val_cap ? kvt_mem_alloc(c->mem, KVT_MEM_OTHER, val_cap) : NULL;
+  if (val_cap && !val) rc = -ENOMEM;
   for (size_t i = 0; i < n && !rc; i++) {
     if (vic) {
       kvt_cold_entry old;
@@ -266,19 +269,13 @@ static int commit_group(kvt_cold *c, placed *pl, size_t n, kvt_cold_slice *const
       if (pl[i].dead) continue;
     }
     size_t vl = cold_entry_len(pl[i].e.n_layers);
-    uint8_t *nv = realloc(val, vl);
-    if (!nv) {
-      rc = -ENOMEM;
-      break;
-    }
-    val = nv;
     cold_put_entry(val, &pl[i].e);
     for (uint32_t l = 0; l < pl[i].e.n_layers; l++)
       cold_put_slice(val + ENTRY_FIXED + SLICE_ENTRY * l, &sl[i][l]);
     MDB_val k = {16, (void *)pl[i].e.key.b}, v = {vl, val};
     rc = mdb_err(mdb_put(t, c->db_blocks, &k, &v, 0));
   }
-  free(val);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, val, val_cap);
   if (rc) {
     mdb_txn_abort(t);
     return rc;
@@ -324,10 +321,11 @@ typedef struct chunk {
   placed *pl;
   kvt_cold_slice **sl;
   uint32_t *touched;
+  size_t cap;                 /* pl and sl have room for cap records, touched 2 cap + 2 */
   size_t np, n_touched;
   size_t n_held;              /* touched[0..n_held) are held (cold_seg_hold) until chunk_free */
   kvt_io_req *w;              /* the writes, from stage buffer `buf` */
-  size_t nw;
+  size_t nw, w_cap;
   int buf;                    /* staging buffer held, or -1 */
   size_t from, upto;          /* records of the call settled once this commits */
   kvt_cold_settled_fn settled; /* told of [from, upto) when it commits */
@@ -350,18 +348,24 @@ static void pending_less(kvt_cold *c, chunk *k) {
   k->bytes = 0;
 }
 
+/* A placed record's slices (n_layers + 1: never a zero-size allocation)
+ * and parts (n_layers + 1), counted in c->mem. */
+static size_t sl_bytes(uint32_t n_layers) { return (n_layers + (size_t)1) * sizeof(kvt_cold_slice); }
+static size_t parts_bytes(uint32_t n_layers) { return (n_layers + (size_t)1) * sizeof(part); }
+
 static void chunk_free(kvt_cold *c, chunk *k) {
   if (!k) return;
+  kvt_mem *m = c->mem;
   for (size_t i = 0; i < k->n_held; i++) cold_seg_release(c, k->touched[i]);
   for (size_t i = 0; k->sl && i < k->np; i++) {
-    free(k->sl[i]);
-    free(k->pl[i].parts);
+    kvt_mem_free(m, KVT_MEM_OTHER, k->sl[i], sl_bytes(k->pl[i].e.n_layers));
+    kvt_mem_free(m, KVT_MEM_OTHER, k->pl[i].parts, parts_bytes(k->pl[i].e.n_layers));
   }
-  free(k->pl);
-  free(k->sl);
-  free(k->touched);
-  free(k->w);
-  free(k);
+  kvt_mem_free(m, KVT_MEM_OTHER, k->pl, k->cap * sizeof *k->pl);
+  kvt_mem_free(m, KVT_MEM_OTHER, k->sl, k->cap * sizeof *k->sl);
+  kvt_mem_free(m, KVT_MEM_OTHER, k->touched, (2 * k->cap + 2) * sizeof *k->touched);
+  kvt_mem_free(m, KVT_MEM_OTHER, k->w, k->w_cap * sizeof *k->w);
+  kvt_mem_free(m, KVT_MEM_OTHER, k, sizeof *k);
 }
 
 /* With cq_lock held. */
@@ -577,11 +581,11 @@ static int chunk_place(kvt_cold *c, chunk *k, const kvt_cold_rec *r, int id, uin
                        size_t *staged) {
   size_t np = k->np;
   placed *p = &k->pl[np];
-  k->sl[np] = malloc(r->n_layers * sizeof **k->sl);
-  p->parts = malloc((r->n_layers + 1) * sizeof *p->parts);
+  k->sl[np] = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, sl_bytes(r->n_layers));
+  p->parts = kvt_mem_alloc(c->mem, KVT_MEM_OTHER, parts_bytes(r->n_layers));
   if (!k->sl[np] || !p->parts) {
-    free(k->sl[np]);
-    free(p->parts);
+    kvt_mem_free(c->mem, KVT_MEM_OTHER, k->sl[np], sl_bytes(r->n_layers));
+    kvt_mem_free(c->mem, KVT_MEM_OTHER, p->parts, parts_bytes(r->n_layers));
     return -ENOMEM;
   }
   seg *s = &c->segs[id];
@@ -642,7 +646,8 @@ static int chunk_fill(kvt_cold *c, chunk *k, const kvt_cold_rec *recs, size_t m,
 /* One write per piece of k's records; pieces adjacent both in memory and
  * on disk merge. */
 static int chunk_writes(chunk *k, kvt_cold *c, size_t n_parts) {
-  if (!(k->w = calloc(n_parts + 1, sizeof *k->w))) return -ENOMEM;
+  if (!(k->w = kvt_mem_calloc(c->mem, KVT_MEM_OTHER, (n_parts + 1) * sizeof *k->w))) return -ENOMEM;
+  k->w_cap = n_parts + 1;
   for (size_t j = 0; j < k->np; j++) {
     uint64_t off = k->pl[j].off;
     int fd = c->segs[k->pl[j].seg].fd;
@@ -662,14 +667,17 @@ static int chunk_writes(chunk *k, kvt_cold *c, size_t n_parts) {
   return 0;
 }
 
-/* A chunk for m records holding staging buffer buf; NULL without memory. */
-static chunk *chunk_new(size_t m, int buf, const victim *vic) {
-  chunk *k = calloc(1, sizeof *k);
+/* A chunk for m (>= 1) records holding staging buffer buf; NULL without
+ * memory. */
+static chunk *chunk_new(kvt_cold *c, size_t m, int buf, const victim *vic) {
+  kvt_mem *mem = c->mem;
+  chunk *k = kvt_mem_calloc(mem, KVT_MEM_OTHER, sizeof *k);
   if (!k) return NULL;
   k->buf = buf;
-  k->pl = calloc(m, sizeof *k->pl);
-  k->sl = calloc(m, sizeof *k->sl);
-  k->touched = calloc(2 * m + 2, sizeof *k->touched);
+  k->cap = m;
+  k->pl = kvt_mem_calloc(mem, KVT_MEM_OTHER, m * sizeof *k->pl);
+  k->sl = kvt_mem_calloc(mem, KVT_MEM_OTHER, m * sizeof *k->sl);
+  k->touched = kvt_mem_calloc(mem, KVT_MEM_OTHER, (2 * m + 2) * sizeof *k->touched);
   k->vic = vic;
   return k;
 }
@@ -688,15 +696,15 @@ static int chunk_build(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vi
   size_t stage_need, plane_need, n_sealed = 0, n_parts = 0;
   size_t m = chunk_count(c, recs, n, &stage_need, &plane_need);
   c->post_more = m < n;
-  chunk *k = chunk_new(m, buf, vic);
-  uint32_t *sealed = calloc(m + 1, sizeof *sealed);
+  chunk *k = chunk_new(c, m, buf, vic);
+  uint32_t *sealed = kvt_mem_calloc(c->mem, KVT_MEM_OTHER, (m + 1) * sizeof *sealed);
   int rc = k && sealed ? 0 : -ENOMEM;
   if (!rc && (!k->pl || !k->sl || !k->touched)) rc = -ENOMEM;
   if (!rc) rc = stage_ensure(c, buf, stage_need + STAGE_SLACK);
   if (!rc) rc = ensure(c, &c->plane, &c->plane_cap, plane_need);
   if (!rc) rc = chunk_fill(c, k, recs, m, n, c->stage[buf], sealed, &n_sealed, used, full, &n_parts);
   for (size_t j = 0; k && j < n_sealed; j++) add_touched(k->touched, &k->n_touched, sealed[j]);
-  free(sealed);
+  kvt_mem_free(c->mem, KVT_MEM_OTHER, sealed, (m + 1) * sizeof *sealed);
   /* The descriptors the writer and committer use stay open until then. */
   for (size_t j = 0; !rc && k && j < k->n_touched; j++) {
     int fd;
@@ -777,7 +785,7 @@ int cold_post_chunks(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vict
       told = at;
       continue;
     }
-    if (!k && !(k = calloc(1, sizeof *k))) { /* settles once what came before does */
+    if (!k && !(k = kvt_mem_calloc(c->mem, KVT_MEM_OTHER, sizeof *k))) { /* settles once what came before does */
       rc = -ENOMEM;
       break;
     }
@@ -795,7 +803,7 @@ int cold_post_chunks(kvt_cold *c, const kvt_cold_rec *recs, size_t n, const vict
     pthread_mutex_unlock(&c->st_lock);
   }
   if (told < n) { /* the rest are told of in order too, after what went before */
-    chunk *k = calloc(1, sizeof *k);
+    chunk *k = kvt_mem_calloc(c->mem, KVT_MEM_OTHER, sizeof *k);
     if (k) {
       *k = (chunk){.buf = -1, .from = told, .upto = n, .settled = settled, .settled_arg = arg,
                    .rc = rc ? rc : failed ? failed : KVT_EFULL, .inherited = 1, .told_only = 1};
