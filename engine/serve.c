@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "engine/internal.h"
-#include "io/io.h" /* the event fd (io/event.c) */
+#include "base/event.h"
 
 /* ---------- the event fd ---------- */
 
@@ -18,7 +18,7 @@ int kvt_event_fd(kvt_engine *e) {
   pthread_mutex_lock(&e->lock); /* one fd, however many threads ask at once */
   fd = e->event_fd;
   if (fd < 0) {
-    fd = kvt_io_event_open();
+    fd = kvt_evfd_open();
     if (fd >= 0) __atomic_store_n(&e->event_fd, fd, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&e->lock);
@@ -27,12 +27,12 @@ int kvt_event_fd(kvt_engine *e) {
 
 void kvt_event_signal(kvt_engine *e) {
   int fd = __atomic_load_n(&e->event_fd, __ATOMIC_ACQUIRE);
-  if (fd >= 0) kvt_io_event_signal(fd); /* nobody asked for it: no cost */
+  if (fd >= 0) kvt_evfd_signal(fd); /* nobody asked for it: no cost */
 }
 
 void kvt_event_notify(void *engine) { kvt_event_signal(engine); }
 
-void kvt_event_close(kvt_engine *e) { kvt_io_event_close(e->event_fd); }
+void kvt_event_close(kvt_engine *e) { kvt_evfd_close(e->event_fd); }
 
 /* ---------- loads ---------- */
 

@@ -37,13 +37,6 @@ void kvt_io_dir_unshare(int lock_fd);
  * LMDB's lock file), 0 when a writer holds it or nobody does. */
 int kvt_io_dir_readers_only(const char *dir);
 
-/* ---- the engine's event fd (kvt_event_fd, io/event.c) ---- */
-
-/* A non-blocking, close-on-exec eventfd: the fd (>= 0) or -errno. */
-int kvt_io_event_open(void);
-void kvt_io_event_signal(int fd); /* add 1 to its counter; any thread */
-void kvt_io_event_close(int fd);  /* accepts -1 */
-
 /* ---- backends ---- */
 
 #define KVT_IO_ALIGN 4096u   /* offsets, lengths and buffers of direct I/O */

@@ -1,13 +1,14 @@
 /* event.c - the eventfd behind kvt_event_fd(): created, signalled and
- * closed here, so the engine makes no system call itself (io.h). */
+ * closed here (base/event.h), below the engine, which makes no system call
+ * itself; an fd to poll, not a file, so it is no part of io/ or a store. */
 #include <errno.h>
 #include <stdint.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "io/io.h"
+#include "base/event.h"
 
-int kvt_io_event_open(void) {
+int kvt_evfd_open(void) {
   int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   return fd < 0 ? -errno : fd;
 }
@@ -15,12 +16,12 @@ int kvt_io_event_open(void) {
 /* Add one to the counter. It cannot fail in practice: EAGAIN only at a
  * counter of 2^64 - 2, which a reader that never clears would need
  * centuries of events to reach; the fd is readable then anyway. */
-void kvt_io_event_signal(int fd) {
+void kvt_evfd_signal(int fd) {
   uint64_t one = 1;
   ssize_t r = write(fd, &one, sizeof one);
   (void)r;
 }
 
-void kvt_io_event_close(int fd) {
+void kvt_evfd_close(int fd) {
   if (fd >= 0) close(fd);
 }
