@@ -154,10 +154,9 @@ typedef enum kvt_tier {
 /** The tiers the fixed arrays of kvt_options and kvt_stats cover. Frozen
  * at 4 (the ABI): a tier added later (a remote one behind the store
  * interface, docs/store-interface.md) does not grow these arrays. Its
- * options and counters go through calls by tier id taking a struct whose
- * first field is its size (set by the caller to sizeof the struct it was
- * built against, so an old caller and a newer library agree on what is
- * read and written), added with that tier. */
+ * counters come through kvt_stats_tier() (by tier id, with the size of
+ * the caller's struct, so an old caller and a newer library agree on what
+ * is read and written); its options likewise, added with that tier. */
 #define KVT_N_TIERS 4
 
 /** Warm-tier codecs (docs/format.md, "Warm encodings"). */
@@ -500,6 +499,40 @@ int kvt_sync(kvt_engine *e);
 
 /** Copy the counters into *st. @return 0; KVT_ENULL. */
 int kvt_stats_get(kvt_engine *e, kvt_stats *st);
+
+/** The counters of one tier, asked for by its id (kvt_stats_tier()): the
+ * way a tier added after KVT_N_TIERS was frozen reports itself without
+ * changing kvt_stats. Fields are only ever appended; a caller passes
+ * sizeof the struct it was built against, and the library writes the
+ * smaller of that and its own sizeof, never a byte past it; `filled` says
+ * how many (a newer caller's fields past it are left as they were). */
+typedef struct kvt_tier_stats {
+  uint64_t filled;       /**< out: bytes of this struct the library wrote */
+  uint32_t tier;         /**< out: the id asked for (kvt_tier, or a later tier's id) */
+  uint32_t present;      /**< out: 1 when this engine has the tier (a limit above 0, or a
+                              store opened), else 0 and the counters are 0 */
+  char name[16];         /**< out: "hot", "warm", or the store's implementation name
+                              ("disk", "metadata", ...) for a durable tier */
+  uint64_t blocks;       /**< layer blocks (RAM tiers) or token-block records (a store) held */
+  uint64_t bytes;        /**< bytes held: allocated (RAM tiers), live records (a store) */
+  uint64_t limit;        /**< the byte limit in force */
+  uint64_t evictions;    /**< blocks dropped (RAM) or records removed to make room (a store) */
+  uint64_t reads;        /**< a store: layer slices read */
+  uint64_t read_bytes;   /**< a store: bytes read */
+  uint64_t write_bytes;  /**< a store: bytes written */
+  uint64_t checksum_failures; /**< a store: reads refused by a check */
+  uint64_t write_failures;    /**< a store: groups it failed to write */
+} kvt_tier_stats;
+
+/** Copy the counters of tier `tier` into *st, at most size bytes of it
+ * (pass sizeof(kvt_tier_stats)); st->filled says how many were written.
+ * Tiers 1..3 are hot, warm and cold (the durable store, whichever
+ * implementation); ids past those name tiers added later. Any thread; st
+ * is the caller's.
+ * @return 0; KVT_ENULL; KVT_EBUFSIZE (size below 8, the filled field);
+ *   KVT_ENOTFOUND (no tier with that id in this library: KVT_TIER_NONE,
+ *   or an id it does not know; *st is untouched). */
+int kvt_stats_tier(kvt_engine *e, uint32_t tier, kvt_tier_stats *st, size_t size);
 
 /** Render the engine's counters and gauges as text in the Prometheus
  * exposition format (version 0.0.4; every family with HELP and TYPE
