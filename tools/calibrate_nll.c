@@ -637,9 +637,10 @@ static void cn_print(const cn_run *r) {
       json_end(&j);
       continue;
     }
-    printf("\nbudget %g: delta NLL %.5f, from %.5f (%s uniform or --start; paired se of the gain "
-           "%.5f); %" PRIu64 " runs, %" PRIu64 " moves, %.0f s\n", s->budget, s->loss,
-           s->start_loss, s->start_name, s->gain_se, s->evals, s->moves, s->seconds);
+    printf("\nbudget %g: delta NLL %.5f, from %.5f (%s%s; paired se of the gain %.5f); %" PRIu64
+           " runs, %" PRIu64 " moves, %.0f s\n", s->budget, s->loss, s->start_loss,
+           strcmp(s->start_name, "--start") ? "uniform " : "", s->start_name, s->gain_se, s->evals,
+           s->moves, s->seconds);
     printf("  layer  scorer        share   warm\n");
     for (uint32_t l = 0; l < r->L; l++)
       printf("  %5u  %-12s  %.4f  %.3g\n", l, kvt_policy_name(s->best.scorer[l]), s->best.share[l],
