@@ -28,6 +28,7 @@ typedef struct cal_cfg {
   uint32_t n_traces;
   const char *out, *budget_s, *scorers_s, *sens_out, *model, *scorer_s, *ratio_s, *weights_s;
   const char *predictor; /* loaded for the replay namespace: "learned" can be measured */
+  const char *objective; /* "mass" here; "nll" goes to calibrate_nll.c */
   uint64_t grid, block_tokens;
   int pyramid, json;
 } cal_cfg;
@@ -62,7 +63,7 @@ typedef struct cal_run {
   uint8_t have[CALIB_MAX_LAYERS]; /* the step has layer l's record */
 } cal_run;
 
-#define CAL_N_OPTS 14
+#define CAL_N_OPTS 15
 
 static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
   const cli_opt opts[CAL_N_OPTS] = {
@@ -90,6 +91,8 @@ static void cal_opts(cal_cfg *c, cli_opt o[CAL_N_OPTS]) {
       {"--predictor", "P", CLI_STR, &c->predictor, 0, 0,
        "the learned scorer's model (kvtier train): measure \"learned\" too"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the summary as one JSON object"},
+      {"--objective", "mass", CLI_STR, &c->objective, 0, 0,
+       "mass (default): lost attention mass from traces; nll: the model's loss (below)"},
       {"--trace", "T", CLI_STR, NULL, 0, 0,
        "a full-cache trace (kvtier eval --policy full --dump-trace T); repeat for more"},
   };
@@ -118,6 +121,8 @@ void calibrate_usage(FILE *f) {
           "than those you evaluate on.\n\noptions:\n",
           CAL_FIRST_TARGET, CAL_PROFILE_VERSION);
   cli_print_opts(f, o, CAL_N_OPTS);
+  fprintf(f, "\n");
+  calibrate_nll_usage(f);
 }
 
 static int usage_error(const char *msg, const char *arg) {
@@ -200,6 +205,8 @@ static int parse_scorers(cal_run *r) {
 
 static int cal_check(cal_run *r) {
   cal_cfg *c = &r->cfg;
+  if (c->objective && strcmp(c->objective, "mass") != 0)
+    return usage_error("--objective takes mass or nll", c->objective);
   if (!c->budget_s) return usage_error("--budget is required", NULL);
   if (!c->out) return usage_error("-o PROFILE is required", NULL);
   int rc = parse_budgets(r);
@@ -695,7 +702,18 @@ static int cal_main(cal_run *r) {
   return rc;
 }
 
+/* --objective nll (calibrate_nll.c) runs the model instead of replaying
+ * traces; --objective mass is the default, this file. */
+static int objective_nll(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--objective=nll") == 0) return 1;
+    if (strcmp(argv[i], "--objective") == 0 && i + 1 < argc) return strcmp(argv[i + 1], "nll") == 0;
+  }
+  return 0;
+}
+
 int cmd_calibrate(int argc, char **argv) {
+  if (objective_nll(argc, argv)) return calibrate_nll(argc, argv);
   cal_run *r = calloc(1, sizeof *r);
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   if (!r || !rest) {

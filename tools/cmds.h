@@ -34,5 +34,7 @@ int cmd_import(int argc, char **argv); /* import.c */
 void import_usage(FILE *f);
 int cmd_calibrate(int argc, char **argv); /* calibrate.c */
 void calibrate_usage(FILE *f);
+int calibrate_nll(int argc, char **argv); /* calibrate_nll.c: --objective nll */
+void calibrate_nll_usage(FILE *f);        /* its part of calibrate_usage() */
 
 #endif
