@@ -289,7 +289,9 @@ typedef struct kvt_options {
                                     used again within the tier's horizon is not written
                                     when the tier is full, and leaves first. The
                                     model's state is kept in the cold index across
-                                    restarts */
+                                    restarts. While a shadow LRU of sampled keys
+                                    hits more often than the tier, it decides as
+                                    CHAIN (tiers/evict_guard.h) */
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
 #define KVT_OPEN_RDONLY 0x1u

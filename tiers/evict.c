@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "tiers/evict.h"
+#include "tiers/evict_guard.h"
 #include "tiers/reuse_model.h"
 
 /* LEARNED: the horizon of the reuse model is the tier's residence time,
@@ -36,6 +37,7 @@
 #define HORIZON_TURNOVERS 8
 #define HORIZON_MIN 1024
 #define HISTORY_SLOTS (1u << 17)
+#define GUARD_SLOTS (1u << 14) /* the shadow LRU: tiers of up to 2^17 blocks compared in full */
 #define SAMPLES 64 /* leaves looked at to choose a victim or judge a write */
 #define CONFIDENCE_Z 2.0 /* standard errors by which a choice must beat LRU's */
 
@@ -75,6 +77,7 @@ struct kvt_evict {
   ev_heap heap[2];             /* leaves: [0] probation (tails), [1] main */
   ev_orphan *orphans[256];     /* by parent key hash; few, but many at open */
   kvt_reuse *model;            /* LEARNED */
+  kvt_guard *guard;            /* LEARNED: the model against a shadow LRU (evict_guard.h) */
   uint64_t rng;                /* LEARNED: which leaves to sample (fixed seed: replays repeat) */
   double win_accesses, win_adds; /* LEARNED: accesses and adds lately (set_horizon) */
   size_t ent_bytes;            /* one entry (LEARNED's carry the model's history) */
@@ -262,7 +265,10 @@ int kvt_evict_create(kvt_mem *m, int cat, int policy, kvt_evict **out) {
   ev->ent_bytes = sizeof(ev_ent) + (policy == KVT_EVICT_LEARNED ? sizeof(kvt_reuse_blk) : 0);
   ev->n_buckets = 1024;
   ev->buckets = kvt_mem_calloc(m, cat, ev->n_buckets * sizeof *ev->buckets);
-  if (ev->buckets && policy == KVT_EVICT_LEARNED && kvt_reuse_create(m, cat, HISTORY_SLOTS, &ev->model)) {
+  if (ev->buckets && policy == KVT_EVICT_LEARNED &&
+      (kvt_reuse_create(m, cat, HISTORY_SLOTS, &ev->model) ||
+       kvt_guard_create(m, cat, GUARD_SLOTS, &ev->guard))) {
+    kvt_reuse_free(ev->model);
     kvt_mem_free(m, cat, ev->buckets, ev->n_buckets * sizeof *ev->buckets);
     ev->buckets = NULL;
   }
@@ -292,6 +298,7 @@ void kvt_evict_free(kvt_evict *ev) {
     }
   kvt_mem_free(ev->m, ev->cat, ev->buckets, ev->n_buckets * sizeof *ev->buckets);
   kvt_reuse_free(ev->model);
+  kvt_guard_free(ev->guard);
   kvt_mem_free(ev->m, ev->cat, ev, sizeof *ev);
 }
 
@@ -382,7 +389,10 @@ static void learned_access(kvt_evict *ev, ev_ent *e) {
 
 static void use(kvt_evict *ev, ev_ent *e) {
   e->ord = e->tick = ++ev->tick;
-  if (learned(ev)) learned_access(ev, e);
+  if (learned(ev)) {
+    kvt_guard_access(ev->guard, &e->key, 1, ev->count);
+    learned_access(ev, e);
+  }
   lru_unlink(e);
   lru_append(ev, e);
   int was_tail = e->tail;
@@ -512,7 +522,8 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *
     rc = lru_victim(ev, keep, arg, &e);
   } else {
     rc = heap_victim(ev, &ev->heap[0], keep, arg, &e); /* tails as written */
-    if (rc && learned(ev)) rc = sampled_victim(ev, keep, arg, &e);
+    /* The model decides only while it is not behind a shadow LRU. */
+    if (rc && learned(ev) && kvt_guard_trusted(ev->guard)) rc = sampled_victim(ev, keep, arg, &e);
     if (rc) rc = heap_victim(ev, &ev->heap[1], keep, arg, &e);
     /* Only non-leaves are left, all kept children: fall back to recency. */
     if (rc) rc = lru_victim(ev, keep, arg, &e);
@@ -523,6 +534,7 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *
   return 0;
 }
 
+struct kvt_guard *kvt_evict_guard(kvt_evict *ev) { return ev->guard; }
 uint64_t kvt_evict_count(const kvt_evict *ev) { return ev->count; }
 uint64_t kvt_evict_bytes(const kvt_evict *ev) { return ev->bytes; }
 
@@ -537,8 +549,11 @@ int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, ui
   count_access(ev, 1, 0);
   set_horizon(ev);
   kvt_reuse_access(ev->model, &b);
+  kvt_guard_access(ev->guard, key, 0, ev->count);
   int admit = 1;
-  if (full && parent && !key_zero(parent) && !find(ev, parent) && !(ph && ph->staged)) {
+  if (!kvt_guard_trusted(ev->guard)) {
+    /* behind LRU lately: every write goes in, as under CHAIN */
+  } else if (full && parent && !key_zero(parent) && !find(ev, parent) && !(ph && ph->staged)) {
     admit = 0; /* its prefix is not stored: no lookup could reach it */
   } else if (full) {
     /* It must be worth as much as the leaf it would displace. (Tails as

@@ -20,7 +20,9 @@
  *    is not sure it is worth less than the least recently used leaf,
  *    which then goes. kvt_evict_admit() says whether a block is worth
  *    writing at all: not when the model is sure it is worth less than
- *    the leaf it would displace.
+ *    the leaf it would displace. A shadow LRU of sampled keys checks the
+ *    model on the live stream: while the tier is behind it, LEARNED
+ *    decides as CHAIN does (tiers/evict_guard.h).
  * Costs: O(1) add, touch and remove for LRU; O(log n) for CHAIN (a binary
  * heap of leaves). Not thread-safe: the owner serializes calls. */
 #ifndef KVT_EVICT_H
@@ -72,6 +74,12 @@ int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, ui
 #define KVT_EVICT_MODEL_MAX (32 + 4 * 4096) /* save's bytes, at most */
 size_t kvt_evict_model_save(const kvt_evict *ev, uint8_t *out, size_t cap);
 int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len);
+
+/* LEARNED's check against plain LRU (tiers/evict_guard.h): while its
+ * shadow LRU hits the sampled keys more often than the tier, by more
+ * than noise, the order decides as CHAIN does. NULL for other policies;
+ * for tests and reports. */
+struct kvt_guard *kvt_evict_guard(kvt_evict *ev);
 
 uint64_t kvt_evict_count(const kvt_evict *ev);
 uint64_t kvt_evict_bytes(const kvt_evict *ev);

@@ -1,0 +1,198 @@
+/* test_evict_guard.c - the learned order's check against plain LRU
+ * (tiers/evict_guard.c): a shadow LRU of sampled keys that finds the tier
+ * behind it stops trusting the model, tries it again later, and ignores
+ * keys outside its sample; wired into evict.c, a distrusted model admits
+ * every write as CHAIN does, and the order feeds the guard its accesses. */
+#include "testutil.h"
+
+#include <string.h>
+
+#include "base/mem.h"
+#include "tiers/evict.h"
+#include "tiers/evict_guard.h"
+
+/* A key in the guard's sample (top bits of its hash zero), or outside. */
+static kvt_key K(uint32_t i, int sampled) {
+  kvt_key k = {{0}};
+  uint64_t h = tu_mix(i + 1);
+  h = sampled ? h >> KVT_GUARD_SAMPLE_SHIFT : h | (1ull << 63);
+  memcpy(k.b, &h, 8);
+  memcpy(k.b + 8, &i, 4);
+  return k;
+}
+
+/* A key as the engine makes them: its hash decides whether it is sampled. */
+static kvt_key N(uint32_t i) {
+  kvt_key k = {{0}};
+  uint64_t h = tu_mix(i + 1);
+  memcpy(k.b, &h, 8);
+  memcpy(k.b + 8, &i, 4);
+  return k;
+}
+
+/* A loop of 10 sampled keys in a tier of 800 blocks: the shadow (100
+ * blocks) holds the loop and hits it from the second round on. The tier
+ * reports tier_hit for every access after the first round. Returns the
+ * guard after rounds rounds. */
+static kvt_guard *feed_loop(kvt_mem *m, uint32_t rounds, int tier_hit) {
+  kvt_guard *g;
+  assert_int_equal(kvt_guard_create(m, KVT_MEM_INDEX, 1024, &g), 0);
+  for (uint32_t r = 0; r < rounds; r++)
+    for (uint32_t j = 0; j < 10; j++) {
+      kvt_key k = K(j, 1);
+      kvt_guard_access(g, &k, r > 0 && tier_hit, 800);
+    }
+  return g;
+}
+
+/* A tier that misses what LRU hits is found behind it: distrusted. */
+static void test_trips_when_behind(void **state) {
+  (void)state;
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_guard *g = feed_loop(&m, 20, 0);
+  kvt_guard_stats st;
+  kvt_guard_stats_get(g, &st);
+  assert_int_equal(kvt_guard_trusted(g), 0);
+  assert_int_equal(st.trips, 1);
+  kvt_guard_free(g);
+  assert_int_equal(kvt_mem_bytes(&m, KVT_MEM_INDEX), 0);
+  kvt_mem_fini(&m);
+}
+
+/* A tier that hits as often as LRU stays trusted, over many windows. */
+static void test_trusted_when_even(void **state) {
+  (void)state;
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_guard *g = feed_loop(&m, 2000, 1);
+  kvt_guard_stats st;
+  kvt_guard_stats_get(g, &st);
+  assert_int_equal(kvt_guard_trusted(g), 1);
+  assert_int_equal(st.trips, 0);
+  assert_true(st.lru_hits > 0 && st.tier_hits == st.lru_hits);
+  kvt_guard_free(g);
+  kvt_mem_fini(&m);
+}
+
+/* Distrust lasts a while (at least 2048 sampled accesses), then the model
+ * is tried again on fresh counts; found behind again, it waits longer. */
+static void test_retries_and_backs_off(void **state) {
+  (void)state;
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_guard *g = feed_loop(&m, 20, 0);
+  assert_int_equal(kvt_guard_trusted(g), 0);
+  uint32_t n = 0;
+  while (!kvt_guard_trusted(g) && n < 100000) {
+    kvt_key k = K(n % 10, 1);
+    kvt_guard_access(g, &k, 0, 800);
+    n++;
+  }
+  assert_int_equal(kvt_guard_trusted(g), 1);
+  assert_true(n >= 2048);
+  uint32_t first = n;
+  kvt_guard_stats st;
+  kvt_guard_stats_get(g, &st);
+  assert_true(st.accesses == 0); /* a fresh trial */
+  for (n = 0; kvt_guard_trusted(g) && n < 1000; n++) {
+    kvt_key k = K(n % 10, 1);
+    kvt_guard_access(g, &k, 0, 800);
+  }
+  assert_int_equal(kvt_guard_trusted(g), 0);
+  for (n = 0; !kvt_guard_trusted(g) && n < 100000; n++) {
+    kvt_key k = K(n % 10, 1);
+    kvt_guard_access(g, &k, 0, 800);
+  }
+  assert_int_equal(kvt_guard_trusted(g), 1);
+  assert_true(n >= 2 * first - 1);
+  kvt_guard_stats_get(g, &st);
+  assert_int_equal(st.trips, 2);
+  kvt_guard_free(g);
+  kvt_mem_fini(&m);
+}
+
+/* Keys outside the sample are not replayed: no access is counted. */
+static void test_ignores_unsampled(void **state) {
+  (void)state;
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_guard *g;
+  assert_int_equal(kvt_guard_create(&m, KVT_MEM_INDEX, 0, &g), 0);
+  for (uint32_t r = 0; r < 50; r++)
+    for (uint32_t j = 0; j < 10; j++) {
+      kvt_key k = K(j, 0);
+      kvt_guard_access(g, &k, 0, 800);
+    }
+  kvt_guard_stats st;
+  kvt_guard_stats_get(g, &st);
+  assert_true(st.accesses == 0);
+  assert_int_equal(kvt_guard_trusted(g), 1);
+  kvt_guard_free(g);
+  kvt_mem_fini(&m);
+}
+
+/* ---------- wired into the learned order ---------- */
+
+/* One access of key in a tier of cap single-block chains: used if held,
+ * else written where the order admits it (the least wanted going). */
+static void access_one(kvt_evict *ev, const kvt_key *key, uint64_t cap) {
+  if (kvt_evict_touch(ev, key)) return;
+  if (!kvt_evict_admit(ev, key, NULL, 0, 1, kvt_evict_count(ev) >= cap)) return;
+  while (kvt_evict_count(ev) >= cap) {
+    kvt_key v;
+    assert_int_equal(kvt_evict_victim(ev, NULL, NULL, &v, NULL), 0);
+    assert_int_equal(kvt_evict_remove(ev, &v, NULL), 0);
+  }
+  assert_int_equal(kvt_evict_add(ev, key, NULL, 1), 0);
+}
+
+/* Hot blocks come back in turn while blocks used once stream between
+ * them: the model learns that a block on its first access is worth less
+ * than any hot one and declines it once the tier is full of hot blocks.
+ * Distrusted, it declines nothing, as CHAIN. */
+static void test_distrusted_admits_all(void **state) {
+  (void)state;
+  enum { HOT = 100, ROUNDS = 200 };
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_evict *ev;
+  assert_int_equal(kvt_evict_create(&m, KVT_MEM_INDEX, KVT_EVICT_LEARNED, &ev), 0);
+  uint32_t scan_id = 1u << 20;
+  for (uint32_t i = 0; i < ROUNDS; i++)
+    for (uint32_t h = 0; h < HOT; h++) {
+      kvt_key hot = N(h), once = N(scan_id++);
+      access_one(ev, &hot, HOT + 1);
+      if (i >= 2) access_one(ev, &once, HOT + 1); /* the hot blocks are in first */
+    }
+  kvt_guard *g = kvt_evict_guard(ev);
+  assert_non_null(g);
+  kvt_guard_stats st;
+  kvt_guard_stats_get(g, &st);
+  assert_true(st.accesses > 1000 && st.tier_hits > 0); /* the order reports its accesses */
+  assert_int_equal(kvt_guard_trusted(g), 1);           /* here the model beats LRU */
+  /* A block on its first access: the model declines it (the tier is full). */
+  kvt_key fresh = K(scan_id + 1, 0), fresh2 = K(scan_id + 2, 0);
+  assert_int_equal(kvt_evict_admit(ev, &fresh, NULL, 0, 1, 1), 0);
+  /* The guard finds the tier behind LRU (a loop the tier is said to miss). */
+  for (uint32_t n = 0; kvt_guard_trusted(g) && n < 10000; n++) {
+    kvt_key k = K((1u << 28) + n % 10, 1);
+    kvt_guard_access(g, &k, 0, HOT + 1);
+  }
+  assert_int_equal(kvt_guard_trusted(g), 0);
+  assert_int_equal(kvt_evict_admit(ev, &fresh2, NULL, 0, 1, 1), 1);
+  kvt_evict_free(ev);
+  assert_int_equal(kvt_mem_bytes(&m, KVT_MEM_INDEX), 0);
+  kvt_mem_fini(&m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_trips_when_behind),
+      cmocka_unit_test(test_trusted_when_even),
+      cmocka_unit_test(test_retries_and_backs_off),
+      cmocka_unit_test(test_ignores_unsampled),
+      cmocka_unit_test(test_distrusted_admits_all),
+  };
+  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
+}
