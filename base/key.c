@@ -132,3 +132,17 @@ int kvt_ns_decode(const uint8_t *buf, size_t len, kvt_ns_desc *d, char *strs) {
     return KVT_ECORRUPT;
   return 0;
 }
+
+/* A lineage's stand-in for the previous key (docs/format.md, "Salted
+ * keys"): a tag no token block key is hashed with, so a salted chain never
+ * meets a plain one. */
+void kvt_key_salt(const kvt_key *prev, const kvt_key *lineage, kvt_key *out) {
+  static const kvt_key zero;
+  static const uint8_t tag[8] = {'K', 'V', 'T', 'L', 'I', 'N', '0', '1'};
+  XXH3_state_t st;
+  XXH3_128bits_reset(&st);
+  XXH3_128bits_update(&st, tag, sizeof tag);
+  XXH3_128bits_update(&st, (prev ? prev : &zero)->b, 16);
+  XXH3_128bits_update(&st, lineage->b, 16);
+  canonical(XXH3_128bits_digest(&st), out);
+}

@@ -17,5 +17,10 @@ int kvt_ns_decode(const uint8_t *buf, size_t len, kvt_ns_desc *d, char *strs);
 /* First 8 bytes of a key as an integer: keys are uniform, so this is a hash. */
 uint64_t kvt_key_hash(const kvt_key *k);
 int kvt_key_eq(const kvt_key *a, const kvt_key *b);
+/* The previous key of a block appended under a lineage (a sequence whose
+ * attention was lossy, engine/lineage.c): XXH3-128 of the tag "KVTLIN01",
+ * prev (16 zero bytes for a first block) and the lineage id. The block's
+ * key is then kvt_key_next(seed, out, tokens). */
+void kvt_key_salt(const kvt_key *prev, const kvt_key *lineage, kvt_key *out);
 
 #endif

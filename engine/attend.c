@@ -212,6 +212,7 @@ int kvt_seq_attend(kvt_seq *s, uint32_t layer, const float *q, uint32_t n_q_head
     pthread_mutex_lock(&e->lock);
     uint32_t away = kvt_seq_nonresident(s, layer);
     n = away ? 0 : kvt_retained_pin(s, layer, blk, NULL);
+    kvt_lineage_check_locked(s, blk, n); /* approximate bytes make s lossy */
     e->st.attends++;
     pthread_mutex_unlock(&e->lock);
     int why = kvt_promote_why(hold);

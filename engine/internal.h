@@ -87,6 +87,13 @@ struct kvt_seq {
   kvt_lblk **pin;             /* [pin_cap]: the n_pin blocks of its request pin (serve.c) */
   size_t n_pin, pin_cap;
   struct kvt_recall *recall;  /* key sketches of evicted blocks, or NULL (recall.c) */
+  /* content addressing under a lossy policy (lineage.c) */
+  uint8_t lossy;              /* its attention has been lossy: blocks appended from
+                                 now on are keyed under lineage */
+  uint8_t lossy_why;          /* KVT_LOSSY_* */
+  uint32_t salted_from;       /* first block keyed under a lineage (UINT32_MAX: none) */
+  kvt_key lineage;            /* random id mixed into its keys (zero: none) */
+  uint64_t lossy_puts;        /* puts into its salted blocks */
 };
 
 struct kvt_load {
@@ -116,6 +123,8 @@ typedef struct kvt_tier_counts {
                                        load); cold reads are the cold tier's */
   uint64_t durable_ns;              /* when a block last became durable, or the first
                                        was queued while none was (monotonic clock) */
+  uint64_t lossy_seqs;              /* sequences whose attention became lossy (lineage.c) */
+  uint64_t lossy_puts;              /* puts into blocks keyed under a lineage */
 } kvt_tier_counts;
 
 struct kvt_engine {
@@ -151,6 +160,8 @@ struct kvt_engine {
   int event_fd;               /* kvt_event_fd(), -1 until asked for (atomic) */
   uint64_t pinned_hot;        /* cost of hot blocks under request pins (serve.c) */
   kvt_tier_counts tc;         /* metrics.c */
+  kvt_key lineage_nonce;      /* random per open: lineage ids never repeat (lineage.c) */
+  uint64_t lineages;          /* lineage ids handed out */
 };
 
 /* Record the detail of a failing call on e for this thread; evaluates to code. */
@@ -302,6 +313,19 @@ size_t kvt_policy_scratch_bytes(void);
 int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer);
 /* Evict retained block (block, layer) of s (recall makes room). Lock held. */
 void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer);
+
+/* lineage.c: content addressing under a lossy policy. With the lock held:
+ * mark s lossy for reason why (KVT_LOSSY_*; nothing when it is already);
+ * mark it when one of the n blocks it is about to read is approximate;
+ * a fork inherits (a lineage of its own) from parent; count a put. */
+void kvt_lineage_mark_locked(kvt_seq *s, uint32_t why);
+void kvt_lineage_check_locked(kvt_seq *s, kvt_lblk *const *blk, size_t n);
+void kvt_lineage_fork_locked(kvt_seq *child, const kvt_seq *parent);
+void kvt_lineage_on_put_locked(kvt_seq *s, uint32_t block);
+/* The key of the block that follows parent in s: plain, or under the
+ * lineage of s when it is lossy. Reads only s. */
+void kvt_lineage_key(const kvt_seq *s, const kvt_key *parent, const uint32_t *tokens,
+                     uint32_t n_tokens, kvt_key *out);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);

@@ -161,6 +161,11 @@ static void render_engine(metrics_out *o, const metrics_snap *m) {
   one(o, "kvtier_dedup_saved_bytes", "gauge",
       "Payload bytes not stored because sequences share blocks.", st->dedup_saved_bytes);
   one(o, "kvtier_attends_total", "counter", "Attention calls (kvt_seq_attend).", st->attends);
+  one(o, "kvtier_lossy_sequences_total", "counter",
+      "Sequences whose attention became lossy: their later blocks are keyed under a lineage.",
+      m->tc.lossy_seqs);
+  one(o, "kvtier_lossy_puts_total", "counter",
+      "Layer-block puts into blocks keyed under a lossy sequence's lineage.", m->tc.lossy_puts);
 }
 
 static void render_cold(metrics_out *o, const metrics_snap *m) {

@@ -152,6 +152,7 @@ static void *priv_of(const kvt_seq *s, uint32_t block, uint32_t layer) {
 static void evict(kvt_seq *s, uint32_t block, uint32_t layer) {
   size_t i = (size_t)block * s->ns->desc.shape.n_layers + layer;
   kvt_recall_on_evict(s, block, layer, s->lb[i]); /* its key sketch, when s recalls */
+  kvt_lineage_mark_locked(s, KVT_LOSSY_EVICTED);   /* later blocks are not the plain key's */
   kvt_lblk_unref(s->e, s->lb[i]);
   s->lb[i] = NULL;
   memset(&s->bs[i], 0, sizeof s->bs[i]);
@@ -301,6 +302,7 @@ static void demote_or_evict(kvt_seq *s, uint32_t block, uint32_t layer, kvt_lpol
   lb = s->lb[i];
   if (lb && lb->tier == KVT_TIER_HOT && !lb->held && kvt_lblk_demote(e, lb) == 0) {
     lp->demotions++;
+    kvt_lineage_mark_locked(s, KVT_LOSSY_QUANTIZED); /* later blocks are not the plain key's */
     return;
   }
   lb = s->lb[i];

@@ -61,6 +61,7 @@ static kvt_seq *seq_alloc(kvt_engine *e, kvt_nsrec *ns, uint32_t cap, uint32_t s
   s->e = e;
   s->ns = ns;
   s->ss_stride = stride;
+  s->salted_from = UINT32_MAX; /* not lossy (lineage.c) */
   kvt_policy_init(&s->pol);
   if (cap) {
     uint32_t L = ns->desc.shape.n_layers;
@@ -153,6 +154,7 @@ int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out) {
     if (lp) memcpy(lp, parent->lp, L * sizeof *lp);
     s->lp = lp;
     lp = NULL;
+    kvt_lineage_fork_locked(s, parent);
     seq_link(e, s);
     *out = s;
   }
@@ -259,7 +261,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   if (b >= e->opt.max_seq_blocks) return KVT_ELIMIT;
   kvt_key key;
   const kvt_key *parent = b ? &s->tb[b - 1]->key : NULL;
-  kvt_key_next(&ns->seed, parent, tokens, n_tokens, &key);
+  kvt_lineage_key(s, parent, tokens, n_tokens, &key); /* plain, or under its lineage */
   const size_t tb_size = sizeof(kvt_tblk) + (size_t)L * sizeof(kvt_lblk *);
 
   /* Allocate what may be needed first, so a failure changes nothing. */
@@ -512,8 +514,9 @@ int kvt_seq_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   if (!s) return KVT_ENULL;
   int rc = seq_put(s, block, layer, kv);
   if (!rc) kvt_policy_on_put(s, block, layer, kv); /* retained again */
-  if (rc || !s->lp) return rc;
+  if (rc || (!s->lp && !s->lossy)) return rc;
   pthread_mutex_lock(&s->e->lock);
+  if (s->lossy) kvt_lineage_on_put_locked(s, block);
   kvt_policy_apply_locked(s, layer);
   pthread_mutex_unlock(&s->e->lock);
   return 0;
@@ -563,6 +566,7 @@ int kvt_seq_read(kvt_seq *s, uint32_t block, uint32_t layer, void *k_out, void *
   pthread_mutex_lock(&e->lock);
   int in_ram = b && b->tier != KVT_TIER_COLD, cold = tb->cold;
   if (in_ram) kvt_lblk_pin(e, b);
+  if (in_ram) kvt_lineage_check_locked(s, &b, 1); /* approximate bytes make s lossy */
   pthread_mutex_unlock(&e->lock);
   if (!in_ram) return cold ? read_cold(e, tb, &tb->key, layer, k_out, v_out, bytes_each)
                            : KVT_ENOTFOUND;
@@ -643,6 +647,7 @@ int kvt_seq_gather(kvt_seq *s, uint32_t layer, void *k_out, void *v_out, size_t 
   rc = away ? KVT_ENOTRESIDENT
             : (*bytes_each < need || (blocks && max_blocks < n)) ? KVT_EBUFSIZE : 0;
   if (rc) kvt_retained_unpin(e, blk, n);
+  else kvt_lineage_check_locked(s, blk, n); /* approximate bytes make s lossy */
   pthread_mutex_unlock(&e->lock);
   int why = kvt_promote_why(hold);
   kvt_promote_release(e, hold);

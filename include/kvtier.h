@@ -327,7 +327,8 @@ typedef struct kvt_kv {
 typedef struct kvt_append_info {
   uint32_t block;          /**< index of the appended token block in the sequence */
   uint32_t layers_present; /**< layers already in RAM (adopted; no put needed) */
-  kvt_key key;             /**< the token block's key */
+  kvt_key key;             /**< the token block's key (under the sequence's lineage
+                                when it is lossy: kvt_seq_lineage()) */
   uint32_t durable;        /**< 1: the block is in the cold tier (all layers): its
                                 layers can be loaded, and puts add RAM copies only */
   uint32_t pad;
@@ -729,6 +730,8 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id ns, const uint32_t *tokens, size_t 
  * @{ */
 
 /** How many leading full token blocks of tokens are stored in every layer.
+ * Blocks a lossy sequence keyed under its lineage are never found
+ * (kvt_seq_lineage()).
  * For each, up to max_out entries give its key, tier and estimated load
  * time. A hit refreshes the blocks' recency.
  * @param out may be NULL when max_out is 0.
@@ -837,7 +840,8 @@ int kvt_seq_create(kvt_engine *e, kvt_ns_id ns, kvt_seq **out);
 
 /** A new sequence sharing the first n_blocks token blocks of parent (all of
  * them when n_blocks is UINT32_MAX): it references the same layer blocks,
- * nothing is copied. @return 0; KVT_ENULL; KVT_ECOUNT (n_blocks > parent's);
+ * nothing is copied. A fork of a lossy sequence is lossy, with a lineage
+ * of its own (kvt_seq_lineage()). @return 0; KVT_ENULL; KVT_ECOUNT (n_blocks > parent's);
  * KVT_ELIMIT; -ENOMEM. */
 int kvt_seq_fork(kvt_seq *parent, uint32_t n_blocks, kvt_seq **out);
 
@@ -907,6 +911,8 @@ int kvt_seq_output(kvt_seq *s, int on);
 
 /** Append exactly one token block (n_tokens == block_tokens). Layers whose
  * block is already stored are adopted at once (referenced; put optional).
+ * Once the attention of s has been lossy, the block is keyed under the
+ * lineage of s and adopts nothing another sequence stored (kvt_seq_lineage()).
  * @param info may be NULL.
  * @return 0; KVT_ENULL; KVT_ECOUNT (n_tokens != block_tokens);
  *   KVT_ELIMIT (max_seq_blocks); -ENOMEM. No state change on failure. */
@@ -1223,6 +1229,55 @@ int kvt_seq_retained(kvt_seq *s, uint32_t layer, kvt_gathered *blocks, size_t ma
  * observed or no longer retained). @return 0; KVT_ENULL; KVT_ENOTFOUND. */
 int kvt_seq_block_mass(kvt_seq *s, uint32_t block, uint32_t layer, double *mass_sum,
                        float *mass_last, uint32_t *observed);
+
+/** Content addressing under a lossy policy (docs/policy.md, "Lossy
+ * sequences do not share"). A block's key names its K and V only when
+ * every earlier layer of the sequence attended over the full, exact cache.
+ * Once the attention of s has been lossy, every block s appends from then
+ * on is keyed under a lineage of its own (a random 128-bit id mixed into
+ * the key chain, docs/format.md "Salted keys"): it neither adopts a block
+ * of the plain key nor publishes under it, so no full-cache sequence, no
+ * kvt_lookup() and no kvt_keys() ever reaches it, in this process or
+ * after a restart. Blocks s appended before stay shared: they are exact.
+ * s becomes lossy, for good, when: the policy evicts one of its blocks
+ * (KVT_LOSSY_EVICTED) or quantizes one to warm (KVT_LOSSY_QUANTIZED);
+ * kvt_seq_attend(), kvt_seq_gather() or kvt_seq_read() of s reads a warm
+ * block or a hot one a promotion dequantized (KVT_LOSSY_APPROX, whatever
+ * made it approximate: the policy, or the hot tier's demotions under
+ * memory pressure); it is forked from a lossy sequence (KVT_LOSSY_FORK);
+ * or the caller says so (kvt_seq_mark_lossy(), KVT_LOSSY_CALLER). The
+ * engine takes a block's K and V to be computed before its append (the
+ * serving loop holds the tail and appends it when full); a caller that
+ * computes them after the append calls kvt_seq_mark_lossy() before it. */
+#define KVT_LOSSY_NONE 0u
+#define KVT_LOSSY_EVICTED 1u
+#define KVT_LOSSY_QUANTIZED 2u
+#define KVT_LOSSY_APPROX 3u
+#define KVT_LOSSY_FORK 4u
+#define KVT_LOSSY_CALLER 5u
+
+/** What kvt_seq_lineage() reports. */
+typedef struct kvt_lineage_info {
+  uint32_t lossy;         /**< 1: the attention of s has been lossy */
+  uint32_t why;           /**< KVT_LOSSY_*: what made it lossy first (NONE when not) */
+  uint32_t salted_from;   /**< blocks of s at and after this index are keyed under a
+                               lineage (== kvt_seq_blocks() when none appended yet);
+                               UINT32_MAX when s is not lossy */
+  uint32_t pad;
+  uint64_t lossy_puts;    /**< successful kvt_seq_put() calls of s into such blocks */
+} kvt_lineage_info;
+
+/** Fill *out for s. @return 0; KVT_ENULL. */
+int kvt_seq_lineage(kvt_seq *s, kvt_lineage_info *out);
+
+/** Declare the attention of s lossy (KVT_LOSSY_CALLER, unless it already
+ * is): the caller attended over less, or other, K and V than the exact
+ * full cache (its own sparse attention, warm blocks it loaded with
+ * kvt_load_submit(), K and V it quantized itself). Blocks s appends from
+ * now on are keyed under its lineage (kvt_seq_lineage()). There is no way
+ * back: later blocks were computed from the lossy ones.
+ * @return 0; KVT_ENULL. */
+int kvt_seq_mark_lossy(kvt_seq *s);
 
 /** @} */
 

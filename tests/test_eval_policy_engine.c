@@ -10,41 +10,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "testutil.h"
 
 /* A case skipped for want of its data: main exits 77, ctest says Skipped. */
 static int g_skipped;
 
-static char model[2200], bin[2200];
+/* The shared fixture (fixture.h) under this file's names. */
+static const char *const model = tf_model;
 
-static int have_all(void) {
-  const char *d = getenv("KVTIER_DATA"), *src = getenv("KVTIER_SRC"), *b = getenv("KVTIER_BIN");
-  if (d) snprintf(model, sizeof model, "%s/models/stories260K.bin", d);
-  else snprintf(model, sizeof model, "%s/../shared/data/models/stories260K.bin", src ? src : ".");
-  snprintf(bin, sizeof bin, "%s", b ? b : "");
-  return b && access(bin, X_OK) == 0 && access(model, R_OK) == 0;
-}
+static int have_all(void) { return tf_have_bin_model(); }
 
 /* Run kvtier with args, stdout into out; returns the exit status. */
-static int run(const char *args, char *out, size_t cap) {
-  char cmd[8192];
-  snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", bin, args);
-  FILE *p = popen(cmd, "r");
-  assert_non_null(p);
-  size_t n = fread(out, 1, cap - 1, p);
-  out[n] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+static int run(const char *args, char *out, size_t cap) { return tf_run(args, out, cap); }
 
 /* The number after "key": in a flat scan of the JSON text. */
-static double json_num(const char *js, const char *key) {
-  char pat[64];
-  snprintf(pat, sizeof pat, "\"%s\":", key);
-  const char *p = strstr(js, pat);
-  if (!p) fail_msg("key %s missing in %s", key, js);
-  return strtod(p + strlen(pat), NULL);
-}
+static double json_num(const char *js, const char *key) { return tf_json_num(js, key); }
 
 /* recent (a kept set fixed by the positions) and snapkv (scores from the
  * observed attention): plain and --cold agree to the last digit printed. */

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "cold_util.h"
+#include "fixture.h"
 
 #define BLOCKS 8u
 #define QH_PER_KV 2u /* query heads per KV head */
@@ -24,26 +25,6 @@ static void fill_tokens(const kvt_shape *sh, uint32_t salt, uint32_t n, uint32_t
   for (uint32_t b = 0; b < n; b++)
     for (uint32_t t = 0; t < sh->block_tokens; t++)
       toks[b * sh->block_tokens + t] = salt * 100000u + b * 100u + t + 1;
-}
-
-/* A store of n blocks of toks in every layer, written to the cold tier and
- * closed: what another process left behind. */
-static void write_store(const char *dir, const kvt_shape *sh, uint64_t salt, const uint32_t *toks,
-                        uint32_t n) {
-  kvt_options o;
-  cu_opts(&o, KVT_BACKEND_PREAD);
-  kvt_engine *e = tu_open(dir, &o);
-  kvt_ns_id ns = tu_register(e, "m", sh);
-  kvt_seq *s = NULL;
-  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
-  tu_kv kv;
-  tu_kv_alloc(&kv, sh);
-  for (uint32_t b = 0; b < n; b++) tu_append_put(s, sh, salt, toks + b * sh->block_tokens, &kv);
-  tu_kv_free(&kv);
-  assert_int_equal(kvt_sync(e), 0);
-  assert_int_equal(kvt_seq_durable(s), n);
-  kvt_seq_release(s);
-  kvt_engine_close(e);
 }
 
 /* The reference: a plain engine (no cold tier) with the same blocks put. */
@@ -133,7 +114,7 @@ static void test_adopted_attend_exact(void **state) {
   uint64_t salt = tu_salt("m");
   uint32_t toks[BLOCKS * 4];
   fill_tokens(&sh, 1, BLOCKS, toks);
-  write_store(dir, &sh, salt, toks, BLOCKS);
+  tf_write_durable(dir, KVT_BACKEND_PREAD, &sh, "m", salt, toks, BLOCKS); /* another process's */
   ref r;
   assert_int_equal(ref_open(&r, &sh, salt, toks, BLOCKS), 0);
 
@@ -274,7 +255,7 @@ static void test_second_process_adopts(void **state) {
   uint64_t salt = tu_salt("m");
   uint32_t toks[BLOCKS * 4];
   fill_tokens(&sh, 3, BLOCKS, toks);
-  write_store(dir, &sh, salt, toks, BLOCKS);
+  tf_write_durable(dir, KVT_BACKEND_PREAD, &sh, "m", salt, toks, BLOCKS); /* another process's */
   fflush(NULL);
   pid_t pid = fork();
   assert_true(pid >= 0);
@@ -294,7 +275,7 @@ static void prefetch_then_attend(uint32_t backend) {
   uint64_t salt = tu_salt("m");
   uint32_t toks[BLOCKS * 4];
   fill_tokens(&sh, 4, BLOCKS, toks);
-  write_store(dir, &sh, salt, toks, BLOCKS);
+  tf_write_durable(dir, KVT_BACKEND_PREAD, &sh, "m", salt, toks, BLOCKS); /* another process's */
   ref r;
   assert_int_equal(ref_open(&r, &sh, salt, toks, BLOCKS), 0);
   kvt_options o;
@@ -363,7 +344,7 @@ static void test_corrupt_record(void **state) {
   uint64_t salt = tu_salt("m");
   uint32_t toks[BLOCKS * 4];
   fill_tokens(&sh, 5, BLOCKS, toks);
-  write_store(dir, &sh, salt, toks, BLOCKS);
+  tf_write_durable(dir, KVT_BACKEND_PREAD, &sh, "m", salt, toks, BLOCKS); /* another process's */
   ref r;
   assert_int_equal(ref_open(&r, &sh, salt, toks, BLOCKS), 0);
   kvt_options o;
@@ -454,7 +435,7 @@ static void test_budget_holds(void **state) {
   uint64_t salt = tu_salt("m");
   uint32_t toks[BLOCKS * 4];
   fill_tokens(&sh, 6, BLOCKS, toks);
-  write_store(dir, &sh, salt, toks, BLOCKS);
+  tf_write_durable(dir, KVT_BACKEND_PREAD, &sh, "m", salt, toks, BLOCKS); /* another process's */
   kvt_options o;
   cu_opts(&o, KVT_BACKEND_PREAD);
   kvt_engine *e = tu_open(dir, &o);

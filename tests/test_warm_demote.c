@@ -5,6 +5,17 @@
 
 /* ------------------------------------------------ demotion order */
 
+/* Tiers of the blocks of (s, layer 0) as a fork of s gathers them: a
+ * sequence that reads warm blocks is lossy from then on and appends under
+ * a lineage of its own (docs/policy.md), and the lookups below must reach
+ * every block s appends. A fork's references change no recency. */
+static void fork_tiers(fx *f, kvt_seq *s, const uint32_t *toks, uint32_t *tiers, size_t *n) {
+  kvt_seq *r = NULL;
+  assert_int_equal(kvt_seq_fork(s, UINT32_MAX, &r), 0);
+  gather_tiers(f, r, 0, toks, KVT_CODEC_K8, KVT_CODEC_V3, tiers, n);
+  kvt_seq_release(r);
+}
+
 /* A hot tier of 3 blocks: each put beyond it demotes exactly the least
  * recently used hot block (recency: put, append adoption, lookup, load;
  * not reads), and the warm bytes grow by the encoded size. */
@@ -33,14 +44,17 @@ static void test_demote_lru(void **state) {
     assert_int_equal(st.tier_bytes[KVT_TIER_WARM], n_warm * f.c.warm);
     assert_int_equal(st.evictions[KVT_TIER_HOT] + st.evictions[KVT_TIER_WARM], 0);
     check_total(&st);
-    gather_tiers(&f, s, 0, toks, KVT_CODEC_K8, KVT_CODEC_V3, tiers, &n);
+    fork_tiers(&f, s, toks, tiers, &n);
     assert_int_equal(n, b + 1);
     for (uint32_t i = 0; i <= b; i++)
       assert_int_equal(tiers[i], i < n_warm ? KVT_TIER_WARM : KVT_TIER_HOT);
   }
   /* Hot now: 3, 4, 5, with 3 the least recent. Reading it is not enough to
    * keep it (whether or not reads refresh recency, the lookup below does)... */
-  for (int r = 0; r < 3; r++) read_check(&f, s, 3, 0, toks + 12, KVT_CODEC_K8, KVT_CODEC_V3);
+  kvt_seq *rd = NULL; /* a reader, as in fork_tiers */
+  assert_int_equal(kvt_seq_fork(s, UINT32_MAX, &rd), 0);
+  for (int r = 0; r < 3; r++) read_check(&f, rd, 3, 0, toks + 12, KVT_CODEC_K8, KVT_CODEC_V3);
+  kvt_seq_release(rd);
   /* ...a lookup hit refreshes the blocks it finds (kvt_lookup), in chain
    * order: 0, 1, 2 (warm), then 3: hot recency becomes 4, 5, 3. */
   kvt_lookup_entry ent[NB];
@@ -49,7 +63,7 @@ static void test_demote_lru(void **state) {
   assert_int_equal(found, 4);
   for (uint32_t i = 0; i < 4; i++) assert_int_equal(ent[i].tier, i < 3 ? KVT_TIER_WARM : KVT_TIER_HOT);
   append_put(&f, s, toks + 4 * 6);
-  gather_tiers(&f, s, 0, toks, KVT_CODEC_K8, KVT_CODEC_V3, tiers, &n);
+  fork_tiers(&f, s, toks, tiers, &n);
   const uint32_t want7[] = {2, 2, 2, 1, 2, 1, 1};
   for (uint32_t i = 0; i < 7; i++) assert_int_equal(tiers[i], want7[i]);
   /* A lookup of blocks 0..6 touches them all in chain order: hot recency
@@ -57,7 +71,7 @@ static void test_demote_lru(void **state) {
   assert_int_equal(kvt_lookup(f.e, f.ns, toks, 4 * 7, NULL, 0, &found), 0);
   assert_int_equal(found, 7);
   append_put(&f, s, toks + 4 * 7);
-  gather_tiers(&f, s, 0, toks, KVT_CODEC_K8, KVT_CODEC_V3, tiers, &n);
+  fork_tiers(&f, s, toks, tiers, &n);
   const uint32_t want8[] = {2, 2, 2, 2, 2, 1, 1, 1};
   for (uint32_t i = 0; i < 8; i++) assert_int_equal(tiers[i], want8[i]);
   tu_stats(f.e, &st);
