@@ -13,7 +13,11 @@
 #include "tiers/remote.h"
 
 #define WRITE_BATCH 64u              /* SET NX per pipeline */
-#define WRITE_BATCH_BYTES (16u << 20)
+#define WRITE_BATCH_BYTES (8u << 20)
+/* The writer is off the serving path: a pipeline of 8 MiB on a loaded
+ * host may take longer than a serving call's deadline, and giving up
+ * would lose the write. Still bounded. */
+#define WRITE_DEADLINE_MS 10000u
 #define CACHE_N 8u                   /* checked values kept for layer-by-layer reads */
 #define CACHE_BYTES (64u << 20)
 #define QUEUE_BYTES_DEFAULT (64u << 20)
@@ -438,8 +442,11 @@ int kvt_remote_ns_each(kvt_remote *r, int (*fn)(void *, const kvt_key *, const u
 
 /* ---------- life ---------- */
 
-static int client_open(const kvt_remote_cfg *cfg, kvt_rc **out, char *err, size_t err_len) {
+static int client_open(const kvt_remote_cfg *cfg, uint32_t min_deadline_ms, kvt_rc **out,
+                       char *err, size_t err_len) {
   kvt_rc_config c = {.url = cfg->url, .password = cfg->password, .deadline_ms = cfg->deadline_ms};
+  if (min_deadline_ms && (c.deadline_ms ? c.deadline_ms : 1000u) < min_deadline_ms)
+    c.deadline_ms = min_deadline_ms;
   return kvt_rc_open(&c, out, err, err_len);
 }
 
@@ -454,8 +461,8 @@ int kvt_remote_open(kvt_mem *m, const kvt_remote_cfg *cfg, kvt_remote **out, cha
   pthread_mutex_init(&r->rd_lock, NULL);
   pthread_mutex_init(&r->q_lock, NULL);
   pthread_cond_init(&r->q_cv, NULL);
-  int rc = client_open(cfg, &r->rd, err, err_len);
-  if (!rc && !r->rdonly) rc = client_open(cfg, &r->wr, err, err_len);
+  int rc = client_open(cfg, 0, &r->rd, err, err_len);
+  if (!rc && !r->rdonly) rc = client_open(cfg, WRITE_DEADLINE_MS, &r->wr, err, err_len);
   if (!rc && !r->rdonly) {
     rc = -pthread_create(&r->writer, NULL, writer_main, r);
     r->writer_on = rc == 0;
