@@ -19,6 +19,7 @@
  * would lose the write. Still bounded. */
 #define WRITE_DEADLINE_MS 10000u
 #define CACHE_N 8u                   /* checked values kept for layer-by-layer reads */
+#define READ_BATCH 16u               /* GETs per pipeline of a batch of reads */
 #define CACHE_BYTES (64u << 20)
 #define QUEUE_BYTES_DEFAULT (64u << 20)
 
@@ -331,6 +332,59 @@ int kvt_remote_read_layer(kvt_remote *r, const kvt_key *key, uint32_t layer, voi
   pthread_mutex_unlock(&r->rd_lock);
   free(sl);
   return rc ? KVT_ENOTFOUND : 0;
+}
+
+/* GETs of keys[0..n) (not in the cache) in one pipeline of at most
+ * READ_BATCH, rd_lock held: each checked value goes to fn straight from
+ * the reply (no copy); a bad one is deleted; hits and misses counted. */
+static void get_batch_locked(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
+                             void *arg, kvt_cold_slice *sl) {
+  kvt_rc_cmd cmd[READ_BATCH];
+  char k[READ_BATCH][KVT_REMOTE_KEY_MAX];
+  memset(cmd, 0, sizeof cmd);
+  for (size_t i = 0; i < n; i++)
+    cmd[i] = (kvt_rc_cmd){.op = KVT_RC_GET, .key = k[i], .key_len = kvt_remote_block_key(&keys[i], k[i])};
+  int rc = kvt_rc_exec(r->rd, cmd, n);
+  kvt_remote_counts d = {0};
+  for (size_t i = 0; i < n; i++) {
+    kvt_cold_entry e;
+    int ok = !rc && cmd[i].status == KVT_RC_OK;
+    int good = ok && kvt_remote_check(&keys[i], cmd[i].out, cmd[i].out_len, &e, sl) == 0;
+    if (good) fn(arg, &keys[i], cmd[i].out, cmd[i].out_len, &e, sl);
+    if (ok && !good) bad_value(r, k[i], cmd[i].key_len);
+    d.hits += good, d.misses += !good, d.bytes_in += ok ? cmd[i].out_len : 0;
+    d.timeouts += !rc && cmd[i].status == KVT_RC_UNAVAILABLE;
+  }
+  kvt_rc_release(cmd, n);
+  pthread_mutex_lock(&r->q_lock);
+  r->n.hits += d.hits, r->n.misses += d.misses, r->n.bytes_in += d.bytes_in;
+  r->n.timeouts += d.timeouts;
+  pthread_mutex_unlock(&r->q_lock);
+}
+
+void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
+                         void *arg) {
+  kvt_cold_slice *sl = malloc(KVT_MAX_LAYERS * sizeof *sl);
+  kvt_key *miss = malloc(READ_BATCH * sizeof *miss);
+  if (!sl || !miss) {
+    free(sl);
+    free(miss);
+    return; /* all misses */
+  }
+  pthread_mutex_lock(&r->rd_lock);
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++) {
+    centry *c = cache_find(r, &keys[i]);
+    if (c) fn(arg, &keys[i], c->val, c->len, &c->e, c->sl);
+    else miss[m++] = keys[i];
+    if (m == READ_BATCH || (i + 1 == n && m)) {
+      get_batch_locked(r, miss, m, fn, arg, sl);
+      m = 0;
+    }
+  }
+  pthread_mutex_unlock(&r->rd_lock);
+  free(sl);
+  free(miss);
 }
 
 int kvt_remote_remove(kvt_remote *r, const kvt_key *key) {

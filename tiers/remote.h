@@ -81,6 +81,14 @@ int kvt_remote_get(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *len);
  * values, so reading the layers of a block one by one costs one GET. */
 int kvt_remote_read_layer(kvt_remote *r, const kvt_key *key, uint32_t layer, void *k_out,
                           void *v_out, size_t each);
+/* The values of keys[0..n) (distinct), GET in pipelines of up to 16:
+ * fn(arg, key, value, len, header, slices) for each one found and checked,
+ * called with the read lock held (value valid during the call only);
+ * the others are misses. */
+typedef void (*kvt_remote_got_fn)(void *arg, const kvt_key *key, const uint8_t *v, size_t len,
+                                  const kvt_cold_entry *e, const kvt_cold_slice *sl);
+void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
+                         void *arg);
 int kvt_remote_remove(kvt_remote *r, const kvt_key *key);
 
 /* Namespaces in the cluster's directory: put one (already there: 0);

@@ -40,6 +40,8 @@ typedef struct rstore {
 
 /* ---------- copies of remote hits into the local tier ---------- */
 
+static void copy_add(rstore *s, copy *c);
+
 /* Queue the value of key (a remote hit just read) for the local tier. */
 static void copy_queue(rstore *s, const kvt_key *key) {
   if (!s->local || s->rdonly) return;
@@ -50,14 +52,20 @@ static void copy_queue(rstore *s, const kvt_key *key) {
   if (have || kvt_store_find(s->local, key) == 0) return;
   copy c = {.key = *key};
   if (kvt_remote_get(s->r, key, &c.val, &c.len)) return; /* from the cache */
+  copy_add(s, &c);
+}
+
+/* Keep c (its value taken) for the local tier, or free it: no room. */
+static void copy_add(rstore *s, copy *c) {
   pthread_mutex_lock(&s->cp_lock);
-  int room = s->n_cp < COPY_MAX && s->cp_bytes + c.len <= COPY_BYTES;
+  int room = s->n_cp < COPY_MAX && s->cp_bytes + c->len <= COPY_BYTES;
+  for (size_t i = 0; room && i < s->n_cp; i++) room = !kvt_key_eq(&s->cp[i].key, &c->key);
   if (room) {
-    s->cp[s->n_cp++] = c;
-    s->cp_bytes += c.len;
+    s->cp[s->n_cp++] = *c;
+    s->cp_bytes += c->len;
   }
   pthread_mutex_unlock(&s->cp_lock);
-  if (!room) kvt_mem_free(s->mem, KVT_MEM_OTHER, c.val, c.len);
+  if (!room) kvt_mem_free(s->mem, KVT_MEM_OTHER, c->val, c->len);
 }
 
 /* A checked value as a record to write (its slices are raw K||V). */
@@ -267,6 +275,50 @@ static void rb_wait(kvt_store_batch *b) {
 
 static int rb_done(kvt_store_batch *b) { return kvt_store_read_done(((rbatch *)b)->local); }
 
+/* The requests of a batch the cluster serves: status LOAD_REMOTE until
+ * then. One GET per block, pipelined (kvt_remote_get_many). */
+#define LOAD_REMOTE 1
+
+typedef struct remote_reads {
+  rstore *s;
+  kvt_store_read *reqs;
+  size_t n;
+} remote_reads;
+
+/* A block came: decode every request of it; queue it for the local tier. */
+static void remote_got(void *arg, const kvt_key *key, const uint8_t *v, size_t len,
+                       const kvt_cold_entry *e, const kvt_cold_slice *sl) {
+  remote_reads *rr = arg;
+  for (size_t i = 0; i < rr->n; i++) {
+    kvt_store_read *q = &rr->reqs[i];
+    if (q->status == LOAD_REMOTE && kvt_key_eq(&q->key, key))
+      q->status = kvt_remote_decode(v, e, sl, q->layer, q->k_out, q->v_out, q->bytes_each)
+                      ? KVT_ENOTFOUND : 0;
+  }
+  rstore *s = rr->s;
+  if (!s->local || s->rdonly || kvt_store_find(s->local, key) == 0) return;
+  copy c = {.key = *key, .len = len, .val = kvt_mem_alloc(s->mem, KVT_MEM_OTHER, len)};
+  if (!c.val) return;
+  memcpy(c.val, v, len);
+  copy_add(s, &c);
+}
+
+static void rs_read_remote(rstore *s, kvt_store_read *reqs, size_t n) {
+  kvt_key *keys = malloc(n * sizeof *keys);
+  size_t m = 0;
+  for (size_t i = 0; keys && i < n; i++) {
+    if (reqs[i].status != LOAD_REMOTE) continue;
+    size_t j = 0;
+    while (j < m && !kvt_key_eq(&keys[j], &reqs[i].key)) j++;
+    if (j == m) keys[m++] = reqs[i].key;
+  }
+  remote_reads rr = {s, reqs, n};
+  if (m) kvt_remote_get_many(s->r, keys, m, remote_got, &rr);
+  free(keys);
+  for (size_t i = 0; i < n; i++)
+    if (reqs[i].status == LOAD_REMOTE) reqs[i].status = KVT_ENOTFOUND;
+}
+
 static int rs_read_submit(void *impl, kvt_store_read *reqs, size_t n, kvt_store_batch **out) {
   rstore *s = impl;
   rbatch *rb = calloc(1, sizeof *rb);
@@ -281,12 +333,14 @@ static int rs_read_submit(void *impl, kvt_store_read *reqs, size_t n, kvt_store_
   for (size_t i = 0; i < n; i++) {
     kvt_store_read *q = &reqs[i];
     if (s->local && kvt_store_find(s->local, &q->key) == 0) {
+      q->status = 0; /* the local batch's, copied back at wait */
       rb->sub[rb->n_sub] = *q;
       rb->idx[rb->n_sub++] = i;
       continue;
     }
-    q->status = rs_read_layer(impl, &q->key, q->layer, q->k_out, q->v_out, q->bytes_each);
+    q->status = LOAD_REMOTE;
   }
+  rs_read_remote(s, reqs, n);
   if (rb->n_sub && kvt_store_read_submit(s->local, rb->sub, rb->n_sub, &rb->local)) {
     for (size_t i = 0; i < rb->n_sub; i++) /* could not batch: one by one now */
       rb->sub[i].status = rs_read_layer(impl, &rb->sub[i].key, rb->sub[i].layer,
