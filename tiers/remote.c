@@ -501,6 +501,9 @@ static int client_open(const kvt_remote_cfg *cfg, uint32_t min_deadline_ms, kvt_
   kvt_rc_config c = {.url = cfg->url, .password = cfg->password, .deadline_ms = cfg->deadline_ms};
   if (min_deadline_ms && (c.deadline_ms ? c.deadline_ms : 1000u) < min_deadline_ms)
     c.deadline_ms = min_deadline_ms;
+  /* A node silent for half the deadline is failed (the client's default
+   * ratio, 500 of 1000 ms): a longer deadline tolerates a slower node. */
+  c.command_timeout_ms = c.deadline_ms / 2;
   return kvt_rc_open(&c, out, err, err_len);
 }
 
