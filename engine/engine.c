@@ -136,7 +136,8 @@ static int dir_error(const char *dir, int rc, kvt_error_info *info) {
 
 /* The durable tier below RAM that the options and the directory call for
  * (tiers/store.c picks the implementation), or none. */
-static int store_open(kvt_engine *e, const char *dir) {
+static int store_open(kvt_engine *e, const char *dir, const kvt_remote_options *ro,
+                      kvt_error_info *info) {
   const kvt_options *o = &e->opt;
   kvt_store_config c = {.dir = dir, .rdonly = kvt_rdonly(e), .meta_only = kvt_meta_only(e),
                         .nocreate = (o->flags & KVT_OPEN_NOCREATE) != 0,
@@ -151,15 +152,46 @@ static int store_open(kvt_engine *e, const char *dir) {
   c.fault.after = o->test_fault.after;
   c.fault.count = o->test_fault.count;
   c.fault.seed = o->test_fault.seed;
-  return kvt_store_open(&e->mem, &c, &e->store);
+  char why[256] = "";
+  if (ro && ro->url) { /* the remote tier (tiers/store_remote.c) */
+    c.remote_url = ro->url;
+    c.remote_password = ro->password;
+    c.remote_deadline_ms = ro->deadline_ms;
+    c.remote_queue_bytes = ro->queue_bytes;
+    c.remote_err = why;
+    c.remote_err_len = sizeof why;
+  }
+  int rc = kvt_store_open(&e->mem, &c, &e->store);
+  if (rc && why[0]) kvt_err_fill(info, rc, "kvt_engine_open", "remote url", NULL, "%s", why);
+  return rc;
 }
 
 int kvt_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out) {
   return kvt_engine_open_info(dir, opt, out, NULL);
 }
 
+static int engine_open(const char *dir, const kvt_options *opt, const kvt_remote_options *ro,
+                       kvt_engine **out, kvt_error_info *info);
+
 int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **out,
                          kvt_error_info *info) {
+  return engine_open(dir, opt, NULL, out, info);
+}
+
+int kvt_engine_open_remote(const char *dir, const kvt_options *opt, const kvt_remote_options *ro,
+                           kvt_engine **out, kvt_error_info *info) {
+  if (info) memset(info, 0, sizeof *info);
+  if (ro && ro->size < sizeof *ro)
+    return kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open_remote", "ro->size",
+                        ">= sizeof(kvt_remote_options)", "%u", ro->size);
+  if (ro && ro->url && opt && (opt->flags & KVT_OPEN_METADATA_ONLY))
+    return kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open_remote", "ro->url",
+                        "none with KVT_OPEN_METADATA_ONLY (no bytes to share)", "a URL");
+  return engine_open(dir, opt, ro, out, info);
+}
+
+static int engine_open(const char *dir, const kvt_options *opt, const kvt_remote_options *ro,
+                       kvt_engine **out, kvt_error_info *info) {
   if (info) memset(info, 0, sizeof *info);
   if (!out) return kvt_err_fill(info, KVT_ENULL, "kvt_engine_open", "out", "not NULL", "NULL");
   *out = NULL;
@@ -207,7 +239,7 @@ int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **o
   if (dir) rc = kvt_store_lock(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
   if (rc) dir_error(dir, rc, info);
   if (!rc) rc = cold_limit_check(e, dir, info);
-  if (!rc) rc = store_open(e, dir);
+  if (!rc) rc = store_open(e, dir, ro, info);
   if (!rc) rc = kvt_flush_start(e);
   if (!rc && e->store) rc = kvt_ns_load(e);
   if (rc && info && !info->code)

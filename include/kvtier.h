@@ -1292,6 +1292,60 @@ size_t kvt_dtype_size(uint32_t dtype);
 /** Bytes of K (equally of V) in one layer block of shape s. */
 size_t kvt_shape_block_bytes(const kvt_shape *s);
 
+/** @name The remote tier (docs/remote.md)
+ * A Redis Cluster shared by serving processes, below the local cold tier
+ * (or instead of it). Its options and counters are structs whose first
+ * field is their size, so kvt_options and kvt_stats keep their layout.
+ * @{ */
+
+/** Options of the remote tier; fill size with sizeof(kvt_remote_options)
+ * and leave what you do not set 0. */
+typedef struct kvt_remote_options {
+  uint32_t size;              /**< sizeof(kvt_remote_options) */
+  uint32_t deadline_ms;       /**< one cluster call, retries included (0: 1000) */
+  const char *url;            /**< redis://[user[:password]@]host:port[,host:port...]
+                                   (seed nodes; IP addresses); NULL: no remote tier.
+                                   Read during the open only, never printed */
+  const char *password;       /**< NULL: the URL's, else env KVTIER_REDIS_PASSWORD */
+  uint64_t queue_bytes;       /**< values waiting to be written, at most (0: 64 MiB) */
+} kvt_remote_options;
+
+/** kvt_engine_open_info() with a remote tier when ro->url is set: lookups
+ * and loads go RAM, then the local cold tier, then the cluster; blocks
+ * written to the cold tier are written to the cluster too, in the
+ * background (write once: SET NX). Without a cold limit the cluster is
+ * the engine's only durable tier. A node down or slow is a miss, never an
+ * error of a later call. ro may be NULL (kvt_engine_open_info()).
+ * @return as kvt_engine_open_info(); also KVT_EOPTION (ro->size too small,
+ *   a bad URL, or with KVT_OPEN_METADATA_ONLY), KVT_EAUTH (credentials
+ *   refused), -ECONNREFUSED / -ETIMEDOUT (no seed answered). */
+int kvt_engine_open_remote(const char *dir, const kvt_options *opt, const kvt_remote_options *ro,
+                           kvt_engine **out, kvt_error_info *info);
+
+/** Counters of the remote tier since open. */
+typedef struct kvt_remote_stats {
+  uint32_t size;              /**< in: sizeof(kvt_remote_stats) */
+  uint32_t pad;
+  uint64_t hits;              /**< blocks read from the cluster and checked */
+  uint64_t misses;            /**< blocks asked for and not served (absent, down, bad) */
+  uint64_t timeouts;          /**< commands no node answered in time */
+  uint64_t checksum_failures; /**< values refused by a check (each a miss, then deleted) */
+  uint64_t deleted;           /**< of those, deleted from the cluster */
+  uint64_t bytes_in, bytes_out; /**< value bytes read / written */
+  uint64_t writes;            /**< blocks stored */
+  uint64_t write_exists;      /**< blocks another writer had stored (SET NX) */
+  uint64_t write_dropped;     /**< blocks not written: the write queue was full */
+  uint64_t write_failures;    /**< blocks not written: node down, out of memory */
+  uint64_t local_copies;      /**< remote hits written to the local cold tier */
+} kvt_remote_stats;
+
+/** The remote tier's counters into *st (st->size set by the caller;
+ * fields beyond it are not written). @return 0; KVT_ENULL; KVT_EOPTION
+ * (st->size below the first fields); KVT_ENOTFOUND (no remote tier). */
+int kvt_remote_stats_get(kvt_engine *e, kvt_remote_stats *st);
+
+/** @} */
+
 #ifdef __cplusplus
 }
 #endif

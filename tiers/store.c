@@ -10,7 +10,7 @@
 #include "tiers/store_impl.h"
 
 /* In order of preference; a new tier is one more line. */
-static const kvt_store_impl *const impls[] = {&kvt_store_meta, &kvt_store_disk};
+static const kvt_store_impl *const impls[] = {&kvt_store_remote, &kvt_store_meta, &kvt_store_disk};
 
 int kvt_store_open(kvt_mem *m, const kvt_store_config *cfg, kvt_store **out) {
   *out = NULL;

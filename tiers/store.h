@@ -86,6 +86,12 @@ typedef struct kvt_store_config {
   int compress, zstd_level, evict_policy;
   uint32_t io_backend, io_depth;
   struct { uint32_t ops, kind; uint64_t after, count, seed; } fault; /* tests only */
+  /* The remote tier (store_remote.c): a Redis Cluster below the local one. */
+  const char *remote_url, *remote_password; /* url NULL: none */
+  uint32_t remote_deadline_ms;
+  uint64_t remote_queue_bytes;
+  char *remote_err;            /* out, may be NULL: why the cluster refused */
+  size_t remote_err_len;
 } kvt_store_config;
 
 /* Capabilities. KVT_STORE_PAYLOAD: it keeps the bytes (read_layer and

@@ -14,5 +14,6 @@ typedef struct kvt_store_impl {
 
 extern const kvt_store_impl kvt_store_disk; /* store_disk.c: cold.c */
 extern const kvt_store_impl kvt_store_meta; /* store_meta.c: cold_meta.c */
+extern const kvt_store_impl kvt_store_remote; /* store_remote.c: remote.c, above one of these */
 
 #endif

@@ -940,6 +940,9 @@ void bench_usage(FILE *f)
   bench_cold_usage(f);
   bench_refmodel_usage(f);
   bench_policy_usage(f);
+  fprintf(f, "\nbench remote --url URL [--blocks N] [--json]: token blocks of 128 KiB and\n"
+             "2 MiB through the remote tier (a Redis Cluster) against redis-benchmark\n"
+             "(docs/remote.md).\n");
 }
 
 int cmd_bench(int argc, char **argv)
@@ -959,6 +962,7 @@ int cmd_bench(int argc, char **argv)
   if (strcmp(argv[1], "cold") == 0) return bench_cold(argc - 2, argv + 2);
   if (strcmp(argv[1], "refmodel") == 0) return bench_refmodel(argc - 2, argv + 2);
   if (strcmp(argv[1], "policy") == 0) return bench_policy(argc - 2, argv + 2);
+  if (strcmp(argv[1], "remote") == 0) return bench_remote(argc - 2, argv + 2);
   fprintf(stderr, "kvtier bench: unknown benchmark '%s'; there are 'share', 'hot', 'codec', "
           "'cold', 'refmodel' and 'policy'\n", argv[1]);
   return CLI_USAGE;

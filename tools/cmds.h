@@ -17,6 +17,7 @@ void bench_cold_usage(FILE *f);       /* its part of bench_usage() */
 int bench_refmodel(int argc, char **argv); /* bench_refmodel.c: `kvtier bench refmodel` */
 void bench_refmodel_usage(FILE *f);   /* its part of bench_usage() */
 int bench_policy(int argc, char **argv); /* bench_policy.c: `kvtier bench policy` */
+int bench_remote(int argc, char **argv); /* bench_remote.c: `kvtier bench remote` */
 void bench_policy_usage(FILE *f);     /* its part of bench_usage() */
 int cmd_warm(int argc, char **argv);  /* warm.c */
 void warm_usage(FILE *f);

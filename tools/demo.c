@@ -31,7 +31,7 @@ _Static_assert(DEMO_PROMPT_TOKENS % DEMO_BLOCK_TOKENS == 0, "prompt is whole blo
 _Static_assert(DEMO_DOC_TOKENS % DEMO_BLOCK_TOKENS == 0, "document is whole blocks");
 
 typedef struct demo_cfg {
-  const char *dir;
+  const char *dir, *remote;
   uint64_t agents;
   uint64_t seed;
   int json;
@@ -69,7 +69,7 @@ typedef struct demo_run {
 
 static const char *const tier_names[KVT_N_TIERS] = {"none", "hot", "warm", "cold"};
 
-#define DEMO_N_OPTS 4
+#define DEMO_N_OPTS 5
 
 static void demo_opts(demo_cfg *cfg, cli_opt opts[DEMO_N_OPTS])
 {
@@ -78,6 +78,8 @@ static void demo_opts(demo_cfg *cfg, cli_opt opts[DEMO_N_OPTS])
       {"--agents", "N", CLI_U64, &cfg->agents, 1, DEMO_AGENTS_MAX, "agents, 1 to 32 (default 8)"},
       {"--seed", "S", CLI_U64, &cfg->seed, 0, UINT64_MAX, "seed of tokens and KV (default 1)"},
       {"--json", NULL, CLI_FLAG, &cfg->json, 0, 0, "print the figures as one JSON object"},
+      {"--remote", "URL", CLI_STR, &cfg->remote, 0, 0,
+       "share blocks through a Redis Cluster too (docs/remote.md)"},
   };
   memcpy(opts, o, sizeof o);
 }
@@ -87,7 +89,7 @@ void demo_usage(FILE *f)
   demo_cfg dummy;
   cli_opt opts[DEMO_N_OPTS];
   demo_opts(&dummy, opts);
-  fprintf(f, "usage: kvtier demo [--dir D] [--agents N] [--seed S] [--json]\n\n"
+  fprintf(f, "usage: kvtier demo [--dir D] [--agents N] [--seed S] [--remote URL] [--json]\n\n"
              "Agents that share a %u-token system prompt, each with its own %u-token\n"
              "document, send generated KV (a Llama-3-8B-like shape scaled down: %u layers,\n"
              "%u KV heads, head_dim %u, f16, %u tokens per block) through the engine as a\n"
@@ -124,7 +126,7 @@ static int demo_open(demo_run *r)
   opt.tier_bytes_limit[KVT_TIER_COLD] = DEMO_COLD_BYTES; /* write-through, persists */
   opt.cold_segment_bytes = DEMO_SEGMENT_BYTES;
   opt.max_seqs = DEMO_AGENTS_MAX;
-  int rc = cli_engine_open(r->cfg.dir, &opt, &r->e);
+  int rc = cli_engine_open_remote(r->cfg.dir, &opt, r->cfg.remote, &r->e);
   if (rc != 0) {
     char what[600];
     snprintf(what, sizeof what, "opening the store in '%s'", r->cfg.dir);
@@ -464,6 +466,9 @@ static void report_json(const demo_run *r)
   json_u64(&j, "gathers", r->gathers);
   json_bool(&j, "verified", 1);
   json_f64(&j, "seconds", (double)r->seconds_ns / 1e9);
+  kvt_remote_stats rs;
+  cli_remote_get(r->e, &rs);
+  cli_remote_json(&j, &rs);
   json_end(&j);
 }
 
@@ -546,8 +551,12 @@ static int demo_main(demo_run *r)
   r->seconds_ns = now_ns() - r->started_ns;
   if (r->cfg.json)
     report_json(r);
-  else
+  else {
     report_human(r);
+    kvt_remote_stats rs;
+    cli_remote_get(r->e, &rs);
+    cli_remote_print(&rs);
+  }
   return CLI_OK;
 }
 

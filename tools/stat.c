@@ -67,12 +67,12 @@ static void seg_files_scan(const char *dir, seg_files *sf)
 /* ---- kvtier stat ------------------------------------------------------------ */
 
 typedef struct stat_cfg {
-  const char *dir;
+  const char *dir, *remote;
   int json;
   int prometheus;
 } stat_cfg;
 
-#define STAT_N_OPTS 2
+#define STAT_N_OPTS 3
 
 static void stat_opts(stat_cfg *c, cli_opt o[STAT_N_OPTS])
 {
@@ -81,6 +81,9 @@ static void stat_opts(stat_cfg *c, cli_opt o[STAT_N_OPTS])
       {"--prometheus", NULL, CLI_FLAG, &c->prometheus, 0, 0,
        "print the metrics in the Prometheus text format (kvt_metrics_render, "
        "docs/metrics.md)"},
+      {"--remote", "URL", CLI_STR, &c->remote, 0, 0,
+       "with the remote tier on this Redis Cluster (its namespaces, this process's "
+       "remote counters; docs/remote.md)"},
   };
   memcpy(o, t, sizeof t);
 }
@@ -90,7 +93,7 @@ void stat_usage(FILE *f)
   stat_cfg c;
   cli_opt o[STAT_N_OPTS];
   stat_opts(&c, o);
-  fprintf(f, "usage: kvtier stat DIR [--json | --prometheus]\n\n"
+  fprintf(f, "usage: kvtier stat DIR [--remote URL] [--json | --prometheus]\n\n"
              "Opens the store in DIR read-only (no lock: works beside a live writer) and\n"
              "prints its namespaces (model, fingerprint, tensor-parallel rank, shape), the\n"
              "blocks and bytes per tier, the cold tier's records, segments and their fill\n"
@@ -170,7 +173,7 @@ static int stat_collect(stat_run *r)
   kvt_options opt;
   kvt_options_init(&opt);
   opt.flags = KVT_OPEN_RDONLY | KVT_OPEN_NOCREATE;
-  int rc = cli_engine_open(r->cfg.dir, &opt, &r->e);
+  int rc = cli_engine_open_remote(r->cfg.dir, &opt, r->cfg.remote, &r->e);
   if (rc == KVT_EINDEX) {
     fprintf(stderr, "kvtier stat: %s: the cold tier's index (%s/index) is damaged or missing; "
             "rebuild it from the segment files with: kvtier fsck --rebuild-index %s\n",
@@ -276,10 +279,23 @@ static void stat_json(const stat_run *r)
   json_str(&j, "io_backend", st->io_backend);
   json_str(&j, "io_why", st->io_why);
   json_u64(&j, "engine_total_bytes", st->total_bytes);
+  kvt_remote_stats rs;
+  cli_remote_get(r->e, &rs);
+  cli_remote_json(&j, &rs);
   json_end(&j);
 }
 
+static void stat_cold_human(const stat_run *r);
+
 static void stat_human(const stat_run *r)
+{
+  stat_cold_human(r);
+  kvt_remote_stats rs;
+  cli_remote_get(r->e, &rs);
+  cli_remote_print(&rs);
+}
+
+static void stat_cold_human(const stat_run *r)
 {
   const kvt_stats *st = &r->st;
   char b1[32], b2[32], b3[32];

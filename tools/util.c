@@ -133,6 +133,12 @@ int cli_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out)
   return kvt_engine_open_info(dir, opt, out, &open_info);
 }
 
+int cli_engine_open_remote_info(const char *dir, const kvt_options *opt,
+                                const kvt_remote_options *ro, kvt_engine **out)
+{
+  return kvt_engine_open_remote(dir, opt, ro, out, &open_info);
+}
+
 int cli_engine_error(const char *cmd, const char *what, kvt_engine *e, int rc)
 {
   kvt_error_info info;

@@ -50,6 +50,12 @@ int cli_lib_error(const char *cmd, const char *what, int rc);
  * cli_lib_error() with the same code prints it on a second line. */
 int cli_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
 
+/* The same with a remote tier (--remote URL; NULL: none). remote_cli.c. */
+int cli_engine_open_remote(const char *dir, const kvt_options *opt, const char *url,
+                           kvt_engine **out);
+int cli_engine_open_remote_info(const char *dir, const kvt_options *opt,
+                                const kvt_remote_options *ro, kvt_engine **out);
+
 /* Print (once) the detail of the last failed cli_engine_open() when it
  * failed with rc. */
 void cli_open_detail(const char *cmd, int rc);
@@ -179,5 +185,12 @@ typedef struct bench_dir {
  * that bench_dir_close() removes. CLI_OK, or CLI_FAIL reported for cmd. */
 int bench_dir_open(bench_dir *d, const char *user_dir, const char *cmd);
 void bench_dir_close(bench_dir *d, const char *cmd);
+
+/* The remote tier's counters of e: 1, or 0 (rs->size 0) when it has
+ * none; then the printers print nothing. A text paragraph on stdout, or a
+ * "remote" object. remote_cli.c. */
+int cli_remote_get(kvt_engine *e, kvt_remote_stats *rs);
+void cli_remote_print(const kvt_remote_stats *rs);
+void cli_remote_json(json_w *j, const kvt_remote_stats *rs);
 
 #endif

@@ -17,7 +17,7 @@
 #define WARM_COLD_BYTES (64ull << 30) /* cold tier limit; segments keep the default size */
 
 typedef struct warm_cfg {
-  const char *model, *tokens, *tokenizer, *prompts, *dir;
+  const char *model, *tokens, *tokenizer, *prompts, *dir, *remote;
   int json;
 } warm_cfg;
 
@@ -26,7 +26,7 @@ typedef struct warm_totals {
   double seconds;
 } warm_totals;
 
-#define WARM_N_OPTS 6
+#define WARM_N_OPTS 7
 
 static void warm_opts(warm_cfg *c, cli_opt o[WARM_N_OPTS]) {
   const cli_opt opts[WARM_N_OPTS] = {
@@ -37,6 +37,9 @@ static void warm_opts(warm_cfg *c, cli_opt o[WARM_N_OPTS]) {
       {"--prompts", "FILE", CLI_STR, &c->prompts, 0, 0, "text prompts, one a line"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "the store (required; created when missing)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      {"--remote", "URL", CLI_STR, &c->remote, 0, 0,
+       "also write through to a Redis Cluster: redis://[user[:pw]@]host:port[,...] "
+       "(password also from KVTIER_REDIS_PASSWORD; docs/remote.md)"},
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -47,7 +50,7 @@ void warm_usage(FILE *f) {
   warm_opts(&c, o);
   fprintf(f,
           "usage: kvtier warm --model M (--tokens FILE | --tokenizer T --prompts FILE)\n"
-          "                   --dir D [--json]\n\n"
+          "                   --dir D [--remote URL] [--json]\n\n"
           "Computes the KV of each sequence with the reference decoder (docs/refmodel.md)\n"
           "and stores its full %u-token blocks durably in the cold tier of D (a trailing\n"
           "partial block is not stored). A sequence whose prefix is stored already, by an\n"
@@ -183,7 +186,7 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
   o.tier_bytes_limit[KVT_TIER_COLD] = WARM_COLD_BYTES;
   kvt_engine *e;
   kvt_ns_id ns;
-  int rc = cli_engine_open(c->dir, &o, &e);
+  int rc = cli_engine_open_remote(c->dir, &o, c->remote, &e);
   if (rc) {
     char what[600];
     snprintf(what, sizeof what, "opening the store in '%s'", c->dir);
@@ -205,6 +208,8 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
   int sync_rc = rc ? 0 : kvt_sync(e);
   t.seconds = (double)(now_ns() - t0) * 1e-9;
   kvt_stats_get(e, &s1);
+  kvt_remote_stats rs; /* before close, which finishes the remote writes still queued */
+  cli_remote_get(e, &rs);
   kvt_engine_close(e);
   if (rc) return cli_lib_error("warm", "computing KV", rc);
   if (sync_rc) return cli_lib_error("warm", "making the blocks durable (kvt_sync)", sync_rc);
@@ -223,6 +228,7 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
     json_u64(&j, "cold_records", s1.cold_records);
     json_f64(&j, "seconds", t.seconds);
     json_f64(&j, "tokens_per_s", warm_rate(&t)); /* null: nothing computed */
+    cli_remote_json(&j, &rs);
     json_end(&j);
     return CLI_OK;
   }
@@ -239,6 +245,7 @@ static int warm_main(const warm_cfg *c, const rm_model *m, uint32_t **seqs, cons
     printf("  speed                %10.0f tokens/s computed  (%.2f s)\n", warm_rate(&t), t.seconds);
   else
     printf("  speed                %10s  (nothing computed; %.2f s)\n", "-", t.seconds);
+  cli_remote_print(&rs);
   return CLI_OK;
 }
 

@@ -1,0 +1,105 @@
+/* remote.h - the remote tier on a Redis Cluster (docs/remote.md): token
+ * blocks as one value each, in the cold tier's record format, read and
+ * checked on demand, written once in the background. store_remote.c puts
+ * it behind the store interface, above an optional local cold tier. */
+#ifndef KVT_REMOTE_H
+#define KVT_REMOTE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/mem.h"
+#include "io/rcluster.h"
+#include "tiers/cold_record.h"
+#include "tiers/store.h"
+
+/* Record format: the cold tier's, with this generation in every slice's
+ * checksum seed (a remote record has no segment; its generation says
+ * "remote, format 1" so a slice copied from a segment does not pass). */
+#define KVT_REMOTE_GEN 0x52454d3031ull /* "REM01" */
+#define KVT_REMOTE_KEY_MAX 64u
+#define KVT_REMOTE_NS_MAX 256u         /* namespaces in one cluster's directory */
+
+/* Key of token block `key`: "kvt1:b:<32 hex>". Returns its length. */
+size_t kvt_remote_block_key(const kvt_key *key, char *buf);
+/* Key of directory entry i of the namespaces: "kvt1:{ns}:<i>" (one slot). */
+size_t kvt_remote_ns_key(uint32_t i, char *buf);
+
+/* The value of a token block: header, then each layer's K||V raw on the
+ * 4 KiB grid. *out is allocated in m (KVT_MEM_OTHER, *len bytes). */
+int kvt_remote_encode(kvt_mem *m, const kvt_store_rec *r, uint8_t **out, size_t *len);
+/* Is the value v (len bytes) a whole record of key with every slice's
+ * checksum right? 0, or KVT_ECORRUPT. e gets the header. */
+int kvt_remote_check(const kvt_key *key, const uint8_t *v, size_t len, kvt_cold_entry *e,
+                     kvt_cold_slice *sl);
+/* Layer `layer` of a checked value into k_out/v_out (each bytes each). */
+int kvt_remote_decode(const uint8_t *v, const kvt_cold_entry *e, const kvt_cold_slice *sl,
+                      uint32_t layer, void *k_out, void *v_out, size_t each);
+
+/* Counters, monotonic (kvt_remote_stats in kvtier.h has the public copy). */
+typedef struct kvt_remote_counts {
+  uint64_t hits, misses, timeouts, checksum_failures, deleted;
+  uint64_t bytes_in, bytes_out;
+  uint64_t writes, write_exists, write_dropped, write_failures;
+  uint64_t evictions;     /* values gone that EXISTS had just seen (Redis evicted them) */
+  uint64_t local_copies;  /* remote hits handed to the local cold tier */
+} kvt_remote_counts;
+
+typedef struct kvt_remote kvt_remote;
+
+typedef struct kvt_remote_cfg {
+  const char *url, *password;  /* password NULL: the URL's or KVTIER_REDIS_PASSWORD */
+  uint32_t deadline_ms;        /* one cluster call, retries included [1000] */
+  uint64_t queue_bytes;        /* values waiting to be written, at most [64 MiB] */
+  int rdonly;
+} kvt_remote_cfg;
+
+/* Connect (both clients) and start the writer. 0; KVT_EOPTION, KVT_EAUTH,
+ * -errno as kvt_rc_open (err says why, never the password). */
+int kvt_remote_open(kvt_mem *m, const kvt_remote_cfg *cfg, kvt_remote **out, char *err,
+                    size_t err_len);
+/* Write what is queued (each batch bounded by the deadline), stop, close. */
+void kvt_remote_close(kvt_remote *r);
+
+/* Queue copies of recs for SET NX. settled (may be NULL) is called from
+ * the writer thread once each is written or given up: always rc 0, a
+ * remote write being best effort (its failure is counted). wait: block
+ * until the queue has room; else a record that does not fit is dropped
+ * (counted) and settled at once. Returns how many were queued. */
+size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int wait,
+                       kvt_store_settled_fn settled, void *arg);
+/* Wait until the queue is empty and the writer idle. */
+void kvt_remote_drain(kvt_remote *r);
+
+/* How many of keys[0..n) lead that the cluster has (EXISTS, pipelined). */
+size_t kvt_remote_prefix(kvt_remote *r, const kvt_key *keys, size_t n);
+/* The checked value of key: 0 and *v (allocated in m, *len bytes; free
+ * with kvt_mem_free(m, KVT_MEM_OTHER, ...)), or KVT_ENOTFOUND (absent,
+ * unreachable, or a bad value, which is then deleted). */
+int kvt_remote_get(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *len);
+/* Read one layer: KVT_ENOTFOUND on any miss. Uses a small cache of whole
+ * values, so reading the layers of a block one by one costs one GET. */
+int kvt_remote_read_layer(kvt_remote *r, const kvt_key *key, uint32_t layer, void *k_out,
+                          void *v_out, size_t each);
+/* The values of keys[0..n) (distinct), GET in pipelines of up to 16:
+ * fn(arg, key, value, len, header, slices) for each one found and checked,
+ * called with the read lock held (value valid during the call only);
+ * the others are misses. */
+typedef void (*kvt_remote_got_fn)(void *arg, const kvt_key *key, const uint8_t *v, size_t len,
+                                  const kvt_cold_entry *e, const kvt_cold_slice *sl);
+void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
+                         void *arg);
+int kvt_remote_remove(kvt_remote *r, const kvt_key *key);
+
+/* Namespaces in the cluster's directory: put one (already there: 0);
+ * call fn for each (stops at its non-zero return). */
+int kvt_remote_ns_put(kvt_remote *r, const kvt_key *seed, const uint8_t *enc, size_t len);
+int kvt_remote_ns_each(kvt_remote *r, int (*fn)(void *, const kvt_key *, const uint8_t *, size_t),
+                       void *arg);
+
+void kvt_remote_counts_get(kvt_remote *r, kvt_remote_counts *c, kvt_rc_stats *rc);
+/* The counters of a store opened with a remote tier (store_remote.c):
+ * 0, or KVT_ENOTFOUND when s has none. rc (may be NULL): the client's. */
+int kvt_store_remote_counts(kvt_store *s, kvt_remote_counts *c, kvt_rc_stats *rc);
+
+#endif

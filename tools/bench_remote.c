@@ -1,0 +1,266 @@
+/* bench_remote.c - `kvtier bench remote`: token blocks written and loaded
+ * through the remote tier (diskless engines on a Redis Cluster), against
+ * redis-benchmark's SET and GET of values of the same size at the same
+ * pipeline depth, in the same run; per-block load latency p50/p99 at
+ * 128 KiB and 2 MiB token blocks. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <unistd.h>
+
+#include "cmds.h"
+#include "util.h"
+
+#define RB_SIZES 2
+#define RB_WRITE_DEPTH 64u   /* SET NX per pipeline of the tier's writer (tiers/remote.c) */
+#define RB_BASELINE_MIN 256u /* redis-benchmark requests at least (fewer measure its start) */
+
+typedef struct rb_cfg {
+  const char *url;
+  uint64_t blocks;
+  int json;
+} rb_cfg;
+
+typedef struct rb_result {
+  uint64_t block_bytes, value_bytes, blocks;
+  double set_per_s, get_per_s, p50_us, p99_us;
+  double rb_set_per_s, rb_get_per_s; /* redis-benchmark; 0: not run */
+  uint32_t set_depth, get_depth;
+} rb_result;
+
+/* n_layers, block_tokens: 8 KV heads x head_dim 64, f16. */
+static const uint32_t rb_shapes[RB_SIZES][2] = {{4, 16}, {16, 64}}; /* 128 KiB, 2 MiB */
+
+static kvt_engine *rb_open(const char *url, char *dir) {
+  if (!mkdtemp(dir)) return NULL;
+  kvt_options o;
+  kvt_options_init(&o);
+  o.tier_bytes_limit[KVT_TIER_HOT] = 1ull << 30;
+  kvt_engine *e = NULL;
+  return cli_engine_open_remote(dir, &o, url, &e) ? NULL : e;
+}
+
+static kvt_ns_id rb_register(kvt_engine *e, const kvt_shape *sh, const char *model) {
+  kvt_ns_desc d = {.model_id = model, .weights_fingerprint = "bench", .rope_theta = 10000,
+                   .tp_size = 1, .shape = *sh};
+  kvt_ns_id ns = 0;
+  return kvt_ns_register(e, &d, &ns) ? UINT32_MAX : ns;
+}
+
+/* Put n blocks (tokens tok) and wait until the cluster has them. */
+static int rb_put(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, const uint32_t *tok,
+                  uint64_t n, uint8_t *kv, double *secs) {
+  size_t each = kvt_shape_block_bytes(sh);
+  kvt_seq *s;
+  int rc = kvt_seq_create(e, ns, &s);
+  uint64_t t0 = now_ns();
+  for (uint64_t b = 0; !rc && b < n; b++) {
+    kvt_append_info info;
+    rc = kvt_seq_append(s, tok + b * sh->block_tokens, sh->block_tokens, &info);
+    for (uint32_t l = 0; !rc && l < sh->n_layers; l++) {
+      kvt_kv x = {.k = kv, .v = kv + each, .dtype = KVT_F16, .n_tokens = sh->block_tokens,
+                  .n_heads = sh->n_kv_heads, .head_dim = sh->head_dim};
+      kv[b % each] ^= 1; /* every block its own bytes */
+      rc = kvt_seq_put(s, (uint32_t)b, l, &x);
+    }
+  }
+  if (!rc) rc = kvt_sync(e);
+  *secs = (double)(now_ns() - t0) * 1e-9;
+  if (!rc) kvt_seq_release(s);
+  return rc;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Load every layer of each block, one block a call; latencies in lat. */
+static int rb_get(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, const uint32_t *tok,
+                  uint64_t n, double *lat, double *secs) {
+  size_t each = kvt_shape_block_bytes(sh), found = 0;
+  kvt_lookup_entry *ent = calloc(n, sizeof *ent);
+  kvt_load_req *req = calloc(sh->n_layers, sizeof *req);
+  uint8_t *buf = malloc(2 * each * sh->n_layers);
+  int rc = ent && req && buf ? kvt_lookup(e, ns, tok, n * sh->block_tokens, ent, n, &found) : -ENOMEM;
+  if (!rc && found != n) rc = KVT_ENOTFOUND;
+  uint64_t t0 = now_ns();
+  for (uint64_t b = 0; !rc && b < n; b++) {
+    for (uint32_t l = 0; l < sh->n_layers; l++)
+      req[l] = (kvt_load_req){.key = ent[b].key, .layer = l, .k_out = buf + 2 * each * l,
+                              .v_out = buf + 2 * each * l + each, .bytes_each = each};
+    uint64_t t1 = now_ns();
+    kvt_load *ld;
+    rc = kvt_load_submit(e, ns, req, sh->n_layers, &ld);
+    if (!rc) rc = kvt_load_wait(ld, NULL);
+    lat[b] = (double)(now_ns() - t1) * 1e-3;
+  }
+  *secs = (double)(now_ns() - t0) * 1e-9;
+  free(ent);
+  free(req);
+  free(buf);
+  return rc;
+}
+
+/* redis-benchmark's requests per second for test (set, get), or 0. */
+static double rb_baseline(const char *host, int port, const char *test, uint64_t bytes,
+                          uint64_t n, uint32_t depth) {
+  char cmd[512], line[512];
+  snprintf(cmd, sizeof cmd,
+           "redis-benchmark -h %s -p %d --cluster -t %s -d %" PRIu64 " -n %" PRIu64
+           " -P %u -c 1 --csv 2>/dev/null", host, port, test, bytes, n, depth);
+  FILE *p = popen(cmd, "r");
+  double rps = 0;
+  while (p && fgets(line, sizeof line, p)) {
+    char name[64];
+    double v;
+    if (sscanf(line, "\"%63[^\"]\",\"%lf\"", name, &v) == 2 && strncmp(name, "rps", 3)) rps = v;
+  }
+  if (p) pclose(p);
+  return rps;
+}
+
+/* The first seed's host and port; 0 when the URL has credentials (the
+ * baseline then does not run: a password is never put on a command line). */
+static int rb_seed(const char *url, char *host, size_t len, int *port) {
+  if (strncmp(url, "redis://", 8) || strchr(url, '@')) return 0;
+  const char *h = url + 8, *c = strchr(h, ':');
+  if (!c || (size_t)(c - h) >= len) return 0;
+  memcpy(host, h, (size_t)(c - h));
+  host[c - h] = 0;
+  *port = atoi(c + 1);
+  return *port > 0;
+}
+
+/* A diskless engine's directory holds only its lock files. */
+static void rb_rmdir(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  char path[256];
+  while (d && (de = readdir(d)))
+    if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name) < (int)sizeof path)
+      unlink(path);
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
+static int rb_size(const rb_cfg *c, int si, rb_result *r) {
+  kvt_shape sh = {rb_shapes[si][0], 8, 64, KVT_F16, rb_shapes[si][1]};
+  size_t each = kvt_shape_block_bytes(&sh);
+  *r = (rb_result){.block_bytes = 2 * each * sh.n_layers, .blocks = c->blocks,
+                   .value_bytes = kvt_cold_record_bytes(&sh), .get_depth = 1};
+  r->set_depth = (uint32_t)((8u << 20) / r->value_bytes); /* the writer's 8 MiB pipelines */
+  if (r->set_depth > RB_WRITE_DEPTH) r->set_depth = RB_WRITE_DEPTH;
+  char model[64], d1[] = "/tmp/kvt-bench-remote-XXXXXX", d2[] = "/tmp/kvt-bench-remote-XXXXXX";
+  snprintf(model, sizeof model, "bench-remote-%d-%" PRIu64, si, now_ns());
+  uint32_t *tok = malloc(c->blocks * sh.block_tokens * sizeof *tok);
+  uint8_t *kv = calloc(1, 2 * each);
+  double *lat = malloc(c->blocks * sizeof *lat), secs = 0;
+  int rc = tok && kv && lat ? 0 : -ENOMEM;
+  for (uint64_t i = 0; !rc && i < c->blocks * sh.block_tokens; i++) tok[i] = (uint32_t)(i * 2654435761u % 32000);
+  kvt_engine *w = rc ? NULL : rb_open(c->url, d1), *rd = NULL;
+  if (!rc && !w) rc = KVT_EOPTION;
+  if (!rc) rc = rb_put(w, rb_register(w, &sh, model), &sh, tok, c->blocks, kv, &secs);
+  r->set_per_s = (double)c->blocks / secs;
+  if (w) kvt_engine_close(w);
+  if (!rc && !(rd = rb_open(c->url, d2))) rc = KVT_EOPTION;
+  if (!rc) rc = rb_get(rd, rb_register(rd, &sh, model), &sh, tok, c->blocks, lat, &secs);
+  if (rd) kvt_engine_close(rd);
+  if (!rc) {
+    r->get_per_s = (double)c->blocks / secs;
+    qsort(lat, c->blocks, sizeof *lat, cmp_dbl);
+    r->p50_us = lat[c->blocks / 2];
+    r->p99_us = lat[(c->blocks * 99) / 100 < c->blocks ? (c->blocks * 99) / 100 : c->blocks - 1];
+    char host[128];
+    int port;
+    if (rb_seed(c->url, host, sizeof host, &port)) {
+      uint64_t nb = c->blocks < RB_BASELINE_MIN ? RB_BASELINE_MIN : c->blocks;
+      uint64_t ns = (nb + r->set_depth - 1) / r->set_depth * r->set_depth; /* whole pipelines:
+                                                  redis-benchmark reports nothing otherwise */
+      r->rb_set_per_s = rb_baseline(host, port, "set", r->value_bytes, ns, r->set_depth);
+      r->rb_get_per_s = rb_baseline(host, port, "get", r->value_bytes, nb, r->get_depth);
+    }
+  }
+  free(tok);
+  free(kv);
+  free(lat);
+  rb_rmdir(d1);
+  rb_rmdir(d2);
+  return rc;
+}
+
+static double rb_ratio(double a, double b) { return b > 0 ? a / b : 0.0 / 0.0; }
+
+static void rb_json(const rb_result *r) {
+  json_w j;
+  json_begin(&j, stdout);
+  json_str(&j, "command", "bench remote");
+  json_f64(&j, "get_vs_redis_benchmark", rb_ratio(r[0].get_per_s, r[0].rb_get_per_s));
+  json_f64(&j, "set_vs_redis_benchmark", rb_ratio(r[0].set_per_s, r[0].rb_set_per_s));
+  for (int i = 0; i < RB_SIZES; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "block_%" PRIu64 "_KiB", r[i].block_bytes >> 10);
+    json_obj(&j, name);
+    json_u64(&j, "blocks", r[i].blocks);
+    json_u64(&j, "block_bytes", r[i].block_bytes);
+    json_u64(&j, "value_bytes", r[i].value_bytes);
+    json_f64(&j, "set_blocks_per_s", r[i].set_per_s);
+    json_f64(&j, "get_blocks_per_s", r[i].get_per_s);
+    json_f64(&j, "load_p50_us", r[i].p50_us);
+    json_f64(&j, "load_p99_us", r[i].p99_us);
+    json_u64(&j, "set_pipeline_depth", r[i].set_depth);
+    json_u64(&j, "get_pipeline_depth", r[i].get_depth);
+    json_f64(&j, "redis_benchmark_set_per_s", r[i].rb_set_per_s > 0 ? r[i].rb_set_per_s : 0.0 / 0.0);
+    json_f64(&j, "redis_benchmark_get_per_s", r[i].rb_get_per_s > 0 ? r[i].rb_get_per_s : 0.0 / 0.0);
+    json_f64(&j, "get_vs_redis_benchmark", rb_ratio(r[i].get_per_s, r[i].rb_get_per_s));
+    json_f64(&j, "set_vs_redis_benchmark", rb_ratio(r[i].set_per_s, r[i].rb_set_per_s));
+    json_end(&j);
+  }
+  json_end(&j);
+}
+
+static void rb_human(const rb_result *r) {
+  printf("%-10s %8s %12s %12s %10s %10s %12s %12s\n", "block", "blocks", "set/s", "get/s",
+         "p50 us", "p99 us", "rb set/s", "rb get/s");
+  for (int i = 0; i < RB_SIZES; i++)
+    printf("%6" PRIu64 " KiB %8" PRIu64 " %12.0f %12.0f %10.0f %10.0f %12.0f %12.0f\n",
+           r[i].block_bytes >> 10, r[i].blocks, r[i].set_per_s, r[i].get_per_s, r[i].p50_us,
+           r[i].p99_us, r[i].rb_set_per_s, r[i].rb_get_per_s);
+  printf("\nrb: redis-benchmark --cluster, the same value size, SET at the tier writer's\n"
+         "pipeline depth, GET at depth 1 (the tier loads a block with one GET); 0: not run\n"
+         "(no redis-benchmark, or a URL with credentials)\n");
+}
+
+#define RB_N_OPTS 3
+
+int bench_remote(int argc, char **argv) {
+  rb_cfg c = {.blocks = 64};
+  const cli_opt o[RB_N_OPTS] = {
+      {"--url", "URL", CLI_STR, &c.url, 0, 0, "the Redis Cluster (redis://host:port[,...])"},
+      {"--blocks", "N", CLI_U64, &c.blocks, 2, 100000, "token blocks per size (default 64)"},
+      {"--json", NULL, CLI_FLAG, &c.json, 0, 0, "print the figures as one JSON object"},
+  };
+  int want_help = 0, rc = cli_parse("bench remote", argc, argv, o, RB_N_OPTS, &want_help);
+  if (want_help) {
+    printf("usage: kvtier bench remote --url URL [--blocks N] [--json]\n\n"
+           "Writes N token blocks of 128 KiB and of 2 MiB through a diskless engine with\n"
+           "a remote tier, loads them from a second one, and runs redis-benchmark on the\n"
+           "same cluster with values of the same size (docs/remote.md).\n\noptions:\n");
+    cli_print_opts(stdout, o, RB_N_OPTS);
+  }
+  if (rc != CLI_OK || want_help) return rc;
+  if (!c.url) {
+    fprintf(stderr, "kvtier bench remote: --url is required\n");
+    return CLI_USAGE;
+  }
+  rb_result r[RB_SIZES];
+  for (int i = 0; i < RB_SIZES && !rc; i++) rc = rb_size(&c, i, &r[i]);
+  if (rc) return cli_lib_error("bench remote", "running the blocks through the cluster", rc);
+  if (c.json) rb_json(r);
+  else rb_human(r);
+  return CLI_OK;
+}
