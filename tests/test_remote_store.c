@@ -90,7 +90,7 @@ static void test_format(void **state) {
   assert_int_equal(e.pos, 7);
   assert_true(kvt_key_eq(&e.ns_seed, &b.rec.ns_seed));
   static uint8_t k[EACH], vv[EACH];
-  assert_int_equal(kvt_remote_decode(v, &e, sl, 2, k, vv, EACH), 0);
+  assert_int_equal(kvt_remote_decode(&m, v, &e, sl, 2, k, vv, EACH), 0);
   assert_memory_equal(k, b.kv[2], EACH);
   assert_memory_equal(vv, b.kv[2] + EACH, EACH);
   kvt_key other = key_rand(); /* the right bytes under another key */

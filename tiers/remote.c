@@ -19,6 +19,7 @@
  * would lose the write. Still bounded. */
 #define WRITE_DEADLINE_MS 10000u
 #define CACHE_N 8u                   /* checked values kept for layer-by-layer reads */
+#define SL_BYTES (KVT_MAX_LAYERS * sizeof(kvt_cold_slice)) /* one block's slice table */
 #define READ_BATCH 16u               /* GETs per pipeline of a batch of reads */
 #define CACHE_BYTES (64u << 20)
 #define QUEUE_BYTES_DEFAULT (64u << 20)
@@ -297,7 +298,7 @@ static int get_locked(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *le
 
 int kvt_remote_get(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *len) {
   kvt_cold_entry e;
-  kvt_cold_slice *sl = malloc(KVT_MAX_LAYERS * sizeof *sl);
+  kvt_cold_slice *sl = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, SL_BYTES);
   if (!sl) return KVT_ENOTFOUND;
   pthread_mutex_lock(&r->rd_lock);
   centry *c = cache_find(r, key);
@@ -307,14 +308,14 @@ int kvt_remote_get(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *len) 
     *len = c->len;
   } else rc = get_locked(r, key, v, len, &e, sl);
   pthread_mutex_unlock(&r->rd_lock);
-  free(sl);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, sl, SL_BYTES);
   return rc;
 }
 
 int kvt_remote_read_layer(kvt_remote *r, const kvt_key *key, uint32_t layer, void *k_out,
                           void *v_out, size_t each) {
   kvt_cold_entry e;
-  kvt_cold_slice *sl = malloc(KVT_MAX_LAYERS * sizeof *sl);
+  kvt_cold_slice *sl = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, SL_BYTES);
   if (!sl) return KVT_ENOTFOUND;
   pthread_mutex_lock(&r->rd_lock);
   centry *c = cache_find(r, key);
@@ -324,13 +325,13 @@ int kvt_remote_read_layer(kvt_remote *r, const kvt_key *key, uint32_t layer, voi
     size_t len;
     rc = get_locked(r, key, &v, &len, &e, sl);
     if (!rc && !(c = cache_put(r, key, v, len, &e, sl))) { /* too big to keep: read it once */
-      rc = kvt_remote_decode(v, &e, sl, layer, k_out, v_out, each);
+      rc = kvt_remote_decode(r->mem, v, &e, sl, layer, k_out, v_out, each);
       kvt_mem_free(r->mem, KVT_MEM_OTHER, v, len);
     }
   }
-  if (c) /* a later layer of a block already fetched: one GET per block */ rc = kvt_remote_decode(c->val, &c->e, c->sl, layer, k_out, v_out, each);
+  if (c) /* a later layer of a block already fetched: one GET per block */ rc = kvt_remote_decode(r->mem, c->val, &c->e, c->sl, layer, k_out, v_out, each);
   pthread_mutex_unlock(&r->rd_lock);
-  free(sl);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, sl, SL_BYTES);
   return rc ? KVT_ENOTFOUND : 0;
 }
 
@@ -364,11 +365,11 @@ static void get_batch_locked(kvt_remote *r, const kvt_key *keys, size_t n, kvt_r
 
 void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
                          void *arg) {
-  kvt_cold_slice *sl = malloc(KVT_MAX_LAYERS * sizeof *sl);
-  kvt_key *miss = malloc(READ_BATCH * sizeof *miss);
+  kvt_cold_slice *sl = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, SL_BYTES);
+  kvt_key *miss = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, READ_BATCH * sizeof *miss);
   if (!sl || !miss) {
-    free(sl);
-    free(miss);
+    kvt_mem_free(r->mem, KVT_MEM_OTHER, sl, SL_BYTES);
+    kvt_mem_free(r->mem, KVT_MEM_OTHER, miss, READ_BATCH * sizeof *miss);
     return; /* all misses */
   }
   pthread_mutex_lock(&r->rd_lock);
@@ -383,8 +384,8 @@ void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remot
     }
   }
   pthread_mutex_unlock(&r->rd_lock);
-  free(sl);
-  free(miss);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, sl, SL_BYTES);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, miss, READ_BATCH * sizeof *miss);
 }
 
 int kvt_remote_remove(kvt_remote *r, const kvt_key *key) {

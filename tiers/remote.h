@@ -33,7 +33,7 @@ int kvt_remote_encode(kvt_mem *m, const kvt_store_rec *r, uint8_t **out, size_t 
 int kvt_remote_check(const kvt_key *key, const uint8_t *v, size_t len, kvt_cold_entry *e,
                      kvt_cold_slice *sl);
 /* Layer `layer` of a checked value into k_out/v_out (each bytes each). */
-int kvt_remote_decode(const uint8_t *v, const kvt_cold_entry *e, const kvt_cold_slice *sl,
+int kvt_remote_decode(kvt_mem *m, const uint8_t *v, const kvt_cold_entry *e, const kvt_cold_slice *sl,
                       uint32_t layer, void *k_out, void *v_out, size_t each);
 
 /* Counters, monotonic (kvt_remote_stats in kvtier.h has the public copy). */

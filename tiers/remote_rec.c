@@ -65,14 +65,14 @@ int kvt_remote_check(const kvt_key *key, const uint8_t *v, size_t len, kvt_cold_
   return 0;
 }
 
-int kvt_remote_decode(const uint8_t *v, const kvt_cold_entry *e, const kvt_cold_slice *sl,
+int kvt_remote_decode(kvt_mem *m, const uint8_t *v, const kvt_cold_entry *e, const kvt_cold_slice *sl,
                       uint32_t layer, void *k_out, void *v_out, size_t each) {
   if (layer >= e->n_layers || each != e->bytes_each) return KVT_ECORRUPT;
   uint32_t esize = (uint32_t)kvt_dtype_size(e->dtype);
   if (sl[layer].codec == KVT_COLD_CODEC_RAW)
-    return kvt_rec_payload_decode(NULL, v + sl[layer].rel_off, &sl[layer], esize, k_out, v_out, each);
+    return kvt_rec_payload_decode(m, NULL, v + sl[layer].rel_off, &sl[layer], esize, k_out, v_out, each);
   ZSTD_DCtx *dz = ZSTD_createDCtx(); /* planes: written by no kvtier today, decoded all the same */
-  int rc = kvt_rec_payload_decode(dz, v + sl[layer].rel_off, &sl[layer], esize, k_out, v_out, each);
+  int rc = kvt_rec_payload_decode(m, dz, v + sl[layer].rel_off, &sl[layer], esize, k_out, v_out, each);
   ZSTD_freeDCtx(dz);
   return rc;
 }

@@ -92,8 +92,9 @@ static void copies_write(rstore *s) {
   s->n_cp = 0;
   s->cp_bytes = 0;
   pthread_mutex_unlock(&s->cp_lock);
-  kvt_cold_slice *sl = n ? malloc(KVT_MAX_LAYERS * sizeof *sl) : NULL;
-  const uint8_t **ptrs = n ? malloc(KVT_MAX_LAYERS * sizeof *ptrs) : NULL;
+  size_t sl_sz = KVT_MAX_LAYERS * sizeof(kvt_cold_slice), p_sz = KVT_MAX_LAYERS * sizeof(uint8_t *);
+  kvt_cold_slice *sl = n ? kvt_mem_alloc(s->mem, KVT_MEM_OTHER, sl_sz) : NULL;
+  const uint8_t **ptrs = n ? kvt_mem_alloc(s->mem, KVT_MEM_OTHER, p_sz) : NULL;
   for (size_t i = 0; i < n; i++) {
     kvt_store_rec rec;
     size_t posted;
@@ -104,8 +105,8 @@ static void copies_write(rstore *s) {
     }
     kvt_mem_free(s->mem, KVT_MEM_OTHER, cp[i].val, cp[i].len);
   }
-  free(sl);
-  free(ptrs);
+  kvt_mem_free(s->mem, KVT_MEM_OTHER, sl, sl_sz);
+  kvt_mem_free(s->mem, KVT_MEM_OTHER, (void *)ptrs, p_sz);
 }
 
 /* ---------- the methods ---------- */
@@ -165,13 +166,13 @@ static int ns_remote(void *arg, const kvt_key *seed, const uint8_t *enc, size_t 
 static int rs_ns_each(void *impl, int (*fn)(void *, const kvt_key *, const uint8_t *, size_t),
                       void *arg) {
   rstore *s = impl;
-  ns_union *u = calloc(1, sizeof *u);
+  ns_union *u = kvt_mem_calloc(s->mem, KVT_MEM_OTHER, sizeof *u);
   if (!u) return -ENOMEM;
   u->fn = fn;
   u->arg = arg;
   int rc = s->local ? kvt_store_ns_each(s->local, ns_local, u) : 0;
   if (!rc) rc = kvt_remote_ns_each(s->r, ns_remote, u);
-  free(u);
+  kvt_mem_free(s->mem, KVT_MEM_OTHER, u, sizeof *u);
   return rc;
 }
 
@@ -262,15 +263,16 @@ typedef struct rbatch {
   kvt_store_batch base;  /* first: the engine waits through it */
   kvt_store_batch *local;
   kvt_store_read *orig, *sub;
-  size_t *idx, n_sub;
+  size_t *idx, n_sub, n;
+  kvt_mem *mem;
 } rbatch;
 
 static void rb_wait(kvt_store_batch *b) {
   rbatch *rb = (rbatch *)b;
   kvt_store_read_wait(rb->local);
   for (size_t i = 0; i < rb->n_sub; i++) rb->orig[rb->idx[i]].status = rb->sub[i].status;
-  free(rb->sub);
-  free(rb);
+  kvt_mem_free(rb->mem, KVT_MEM_OTHER, rb->sub, rb->n * (sizeof *rb->sub + sizeof(size_t)));
+  kvt_mem_free(rb->mem, KVT_MEM_OTHER, rb, sizeof *rb);
 }
 
 static int rb_done(kvt_store_batch *b) { return kvt_store_read_done(((rbatch *)b)->local); }
@@ -292,7 +294,7 @@ static void remote_got(void *arg, const kvt_key *key, const uint8_t *v, size_t l
   for (size_t i = 0; i < rr->n; i++) {
     kvt_store_read *q = &rr->reqs[i];
     if (q->status == LOAD_REMOTE && kvt_key_eq(&q->key, key))
-      q->status = kvt_remote_decode(v, e, sl, q->layer, q->k_out, q->v_out, q->bytes_each)
+      q->status = kvt_remote_decode(rr->s->mem, v, e, sl, q->layer, q->k_out, q->v_out, q->bytes_each)
                       ? KVT_ENOTFOUND : 0;
   }
   rstore *s = rr->s;
@@ -304,7 +306,7 @@ static void remote_got(void *arg, const kvt_key *key, const uint8_t *v, size_t l
 }
 
 static void rs_read_remote(rstore *s, kvt_store_read *reqs, size_t n) {
-  kvt_key *keys = malloc(n * sizeof *keys);
+  kvt_key *keys = kvt_mem_alloc(s->mem, KVT_MEM_OTHER, n * sizeof *keys);
   size_t m = 0;
   for (size_t i = 0; keys && i < n; i++) {
     if (reqs[i].status != LOAD_REMOTE) continue;
@@ -314,22 +316,23 @@ static void rs_read_remote(rstore *s, kvt_store_read *reqs, size_t n) {
   }
   remote_reads rr = {s, reqs, n};
   if (m) kvt_remote_get_many(s->r, keys, m, remote_got, &rr);
-  free(keys);
+  kvt_mem_free(s->mem, KVT_MEM_OTHER, keys, n * sizeof *keys);
   for (size_t i = 0; i < n; i++)
     if (reqs[i].status == LOAD_REMOTE) reqs[i].status = KVT_ENOTFOUND;
 }
 
 static int rs_read_submit(void *impl, kvt_store_read *reqs, size_t n, kvt_store_batch **out) {
   rstore *s = impl;
-  rbatch *rb = calloc(1, sizeof *rb);
-  kvt_store_read *sub = s->local ? malloc(n * (sizeof *sub + sizeof(size_t))) : NULL;
-  if (!rb || (s->local && !sub)) {
-    free(rb);
-    free(sub);
+  size_t sub_sz = n * (sizeof(kvt_store_read) + sizeof(size_t));
+  rbatch *rb = kvt_mem_calloc(s->mem, KVT_MEM_OTHER, sizeof *rb);
+  kvt_store_read *sub = s->local ? kvt_mem_alloc(s->mem, KVT_MEM_OTHER, sub_sz) : NULL;
+  if (!rb || (s->local && n && !sub)) {
+    kvt_mem_free(s->mem, KVT_MEM_OTHER, rb, sizeof *rb);
+    kvt_mem_free(s->mem, KVT_MEM_OTHER, sub, sub_sz);
     return -ENOMEM;
   }
   *rb = (rbatch){.base = {rb_wait, rb_done}, .orig = reqs, .sub = sub,
-                 .idx = sub ? (size_t *)(sub + n) : NULL};
+                 .idx = sub ? (size_t *)(sub + n) : NULL, .n = sub ? n : 0, .mem = s->mem};
   for (size_t i = 0; i < n; i++) {
     kvt_store_read *q = &reqs[i];
     if (s->local && kvt_store_find(s->local, &q->key) == 0) {
