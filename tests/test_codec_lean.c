@@ -309,6 +309,31 @@ static void test_engine_accounting(void **state) {
   tu_rmtree(dir);
 }
 
+/* Scalar and AVX2 kernels write the same bytes, as for the other codecs. */
+static void test_simd_same_bytes(void **state) {
+  (void)state;
+  if (!kvt_codec_simd()) skip();
+  const int ids[] = {KVT_CODEC_K8B, KVT_CODEC_V2L, KVT_CODEC_V3L, KVT_CODEC_V4L};
+  const uint32_t shapes[][3] = {{1, 4, 8}, {16, 4, 8}, {16, 8, 128}, {2, 3, 96}};
+  for (size_t c = 0; c < N_OF(ids); c++)
+    for (size_t i = 0; i < N_OF(shapes); i++) {
+      kvt_codec_shape s = {shapes[i][0], shapes[i][1], shapes[i][2], 0, 11};
+      size_t n = (size_t)s.n_tokens * s.n_heads * s.head_dim, len = kvt_codec_size(ids[c], &s);
+      float *x = malloc(n * 4);
+      uint8_t *a = malloc(len), *b = malloc(len);
+      fill(x, n, s.head_dim, 7 + i);
+      kvt_codec_force(0);
+      assert_int_equal(kvt_codec_encode(ids[c], &s, x, KVT_F32, a, len), (int64_t)len);
+      kvt_codec_force(1);
+      assert_int_equal(kvt_codec_encode(ids[c], &s, x, KVT_F32, b, len), (int64_t)len);
+      assert_memory_equal(a, b, len);
+      free(x);
+      free(a);
+      free(b);
+    }
+  kvt_codec_force(-1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sizes),
@@ -318,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_garbage_decodes_finite),
       cmocka_unit_test(test_attend_on_codes),
       cmocka_unit_test(test_engine_accounting),
+      cmocka_unit_test(test_simd_same_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
