@@ -302,6 +302,8 @@ size_t kvt_policy_scratch_bytes(void);
 int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer);
 /* Evict retained block (block, layer) of s (recall makes room). Lock held. */
 void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer);
+/* The layer's budget bytes minus its kept bytes (negative when over). */
+int64_t kvt_policy_room_locked(const kvt_seq *s, uint32_t layer);
 
 /* validation shared by put and the tests of shapes (engine.c) */
 int kvt_shape_check(const kvt_shape *s);

@@ -337,8 +337,8 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
 /* Recalled blocks of (s, layer) that came back as a copy still in the warm
  * tier (the prefetch re-references a layer block still in RAM instead of
  * reading the disk) are made hot with their exact bytes when the token
- * block is durable: recall brings back what the query needs, not its
- * quantized form. With the lock held (kvt_lblk_promote drops it while it
+ * block is durable and the layer's budget has room for the difference:
+ * recall brings back what the query needs, not its quantized form. With the lock held (kvt_lblk_promote drops it while it
  * reads); counted as the policy's promotions. */
 static void promote_recalled(kvt_seq *s, uint32_t layer) {
   kvt_engine *e = s->e;
@@ -350,6 +350,23 @@ static void promote_recalled(kvt_seq *s, uint32_t layer) {
     if (!s->bs[i].recalled || !lb || lb->tier != KVT_TIER_WARM || lb->refs != 1 ||
         !lb->tb->cold || lb->tb->lost)
       continue;
+    /* it is protected until observed, so it must fit the layer's budget
+     * as hot: the weakest evictable blocks leave to make room (at most 4),
+     * else it stays warm (the policy's promotion may move it later) */
+    const kvt_shape *sh = &s->ns->desc.shape;
+    kvt_codec_shape cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
+                          .head_dim = sh->head_dim};
+    uint64_t half = (uint64_t)sh->block_tokens * sh->n_kv_heads * sh->head_dim * 2;
+    uint64_t warm_b = (lb->k_codec ? kvt_codec_size(lb->k_codec, &cs) : half) +
+                      (lb->v_codec ? kvt_codec_size(lb->v_codec, &cs) : half);
+    int64_t need = (int64_t)(2 * half) - (int64_t)warm_b;
+    for (int k = 0; k < 4 && kvt_policy_room_locked(s, layer) < need; k++) {
+      double v;
+      uint32_t vb; /* the weakest evictable block leaves, as for the recall itself */
+      if (!weakest(s, layer, &v, &vb, 1)) break;
+      kvt_policy_evict_locked(s, vb, layer);
+    }
+    if (kvt_policy_room_locked(s, layer) < need) continue;
     int exact = 0;
     if (kvt_lblk_promote(e, lb, &exact) || !s->lp) continue;
     s->lp[layer].promotions++;
