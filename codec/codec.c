@@ -17,6 +17,10 @@ static const kvt_codec codecs[KVT_CODEC_MAX + 1] = {
   [KVT_CODEC_V2] = {KVT_CODEC_V2, "v2", 1, 2},
   [KVT_CODEC_V3] = {KVT_CODEC_V3, "v3", 1, 3},
   [KVT_CODEC_V4] = {KVT_CODEC_V4, "v4", 1, 4},
+  [KVT_CODEC_K8B] = {KVT_CODEC_K8B, "k8b", 0, 8, 1},
+  [KVT_CODEC_V2L] = {KVT_CODEC_V2L, "v2l", 1, 2, 1},
+  [KVT_CODEC_V3L] = {KVT_CODEC_V3L, "v3l", 1, 3, 1},
+  [KVT_CODEC_V4L] = {KVT_CODEC_V4L, "v4l", 1, 4, 1},
 };
 
 const kvt_codec *kvt_codec_get(int id) {
@@ -222,6 +226,39 @@ void kvt_from_f32(const float *in, uint32_t dtype, size_t n, void *out) {
   kvt_vec_from_f32(in, dtype, (uint32_t)n, out);
 }
 
+/* ---------- lean scales ---------- */
+
+/* 2^(f / 8), f = 0..7, to the nearest float. */
+static const float frac8[8] = {1.0f,        1.09050773f, 1.18920712f, 1.29683955f,
+                               1.41421356f, 1.54221083f, 1.68179283f, 1.83400809f};
+
+float kvt_lean_value(uint8_t c) {
+  return c ? ldexpf(frac8[c & 7], (int)(c >> 3) - 14) : 0.0f; /* c - 112 = 8 (c/8 - 14) + c%8 */
+}
+
+/* log2f gives the neighbourhood; the comparisons make the answer exact
+ * (and the same on every machine). */
+int kvt_lean_code_up(float x) {
+  if (!(x > 0)) return 0;
+  int c = (int)ceilf(8.0f * log2f(x)) + 112;
+  if (c < 1) c = 1;
+  if (c > 256) c = 256;
+  while (c <= 255 && kvt_lean_value((uint8_t)c) < x) c++;
+  while (c > 1 && c <= 256 && kvt_lean_value((uint8_t)(c - 1)) >= x) c--;
+  return c;
+}
+
+uint8_t kvt_lean_code_near(float x) {
+  if (!(x > 0)) return 0;
+  int c = kvt_lean_code_up(x);
+  if (c > 255) return 255;
+  if (c > 1) { /* the lower neighbour when x is below their geometric midpoint */
+    double lo = kvt_lean_value((uint8_t)(c - 1)), hi = kvt_lean_value((uint8_t)c);
+    if ((double)x * x < lo * hi) c--;
+  }
+  return (uint8_t)c;
+}
+
 /* ---------- header ---------- */
 
 void kvt_codec_put_hdr(uint8_t *out, int id, const kvt_cshape *s) {
@@ -253,6 +290,7 @@ static int shape_ok(const kvt_cshape *s) {
 size_t kvt_codec_size(int id, const kvt_cshape *s) {
   const kvt_codec *c = kvt_codec_get(id);
   if (!c || !shape_ok(s)) return 0;
+  if (c->lean) return c->is_value ? kvt_vl_size(c->bits, s) : kvt_k_size(id, s);
   return KVT_CODEC_HDR + (c->is_value ? kvt_v_size(c->bits, s) : kvt_k_size(id, s));
 }
 
@@ -269,10 +307,12 @@ int64_t kvt_codec_encode(int id, const kvt_cshape *s, const void *in, uint32_t d
   /* NaN and infinity have no code: the encoders refuse them as they load
    * each vector (rather than in a pass of their own over the input). The
    * header goes last, so a refused buffer never looks like an encoding. */
-  int rc = c->is_value ? kvt_v_encode(c->bits, s, in, dtype, out + KVT_CODEC_HDR)
-                       : kvt_k_encode(id, s, in, dtype, out + KVT_CODEC_HDR);
+  uint8_t *body = c->lean ? out : out + KVT_CODEC_HDR;
+  int rc = c->is_value ? (c->lean ? kvt_vl_encode(c->bits, s, in, dtype, body)
+                                  : kvt_v_encode(c->bits, s, in, dtype, body))
+                       : kvt_k_encode(id, s, in, dtype, body);
   if (rc) return rc;
-  kvt_codec_put_hdr(out, id, s);
+  if (!c->lean) kvt_codec_put_hdr(out, id, s);
   return (int64_t)need;
 }
 
@@ -280,7 +320,10 @@ int kvt_codec_check(int id, const kvt_cshape *s, const uint8_t *in, size_t in_le
   const kvt_codec *c = kvt_codec_get(id);
   level_init();
   size_t need = kvt_codec_size(id, s);
-  if (!c || !need || !in || in_len != need || !kvt_codec_hdr_ok(in, id, s)) return KVT_ECORRUPT;
+  if (!c || !need || !in || in_len != need) return KVT_ECORRUPT;
+  if (c->lean) /* no header; every norm byte and value code is valid */
+    return c->is_value ? 0 : kvt_k_check(id, s, in);
+  if (!kvt_codec_hdr_ok(in, id, s)) return KVT_ECORRUPT;
   return c->is_value ? kvt_v_check(c->bits, s, in + KVT_CODEC_HDR)
                      : kvt_k_check(id, s, in + KVT_CODEC_HDR);
 }
@@ -298,6 +341,8 @@ void kvt_codec_decode_trusted(int id, const kvt_cshape *s, const uint8_t *in, vo
                               uint32_t dtype) {
   const kvt_codec *c = kvt_codec_get(id);
   level_init();
-  if (c->is_value) kvt_v_decode(c->bits, s, in + KVT_CODEC_HDR, out, dtype);
-  else kvt_k_decode(id, s, in + KVT_CODEC_HDR, out, dtype);
+  const uint8_t *body = c->lean ? in : in + KVT_CODEC_HDR;
+  if (c->is_value && c->lean) kvt_vl_decode(c->bits, s, body, out, dtype);
+  else if (c->is_value) kvt_v_decode(c->bits, s, body, out, dtype);
+  else kvt_k_decode(id, s, body, out, dtype);
 }

@@ -14,7 +14,7 @@
 
 #include "kvtier.h" /* the codec ids are public: kvt_codec_id */
 
-#define KVT_CODEC_MAX 6
+#define KVT_CODEC_MAX 10
 
 #define KVT_CODEC_HDR 16
 #define KVT_CODEC_VERSION 1
@@ -26,6 +26,7 @@ typedef struct kvt_codec {
   const char *name;
   int is_value;        /* 1: a V codec (rotated), 0: a K codec */
   int bits;            /* bits per code */
+  int lean;            /* 1: no header, u8 log2 scales (K8B, V2L..V4L) */
 } kvt_codec;
 
 const kvt_codec *kvt_codec_get(int id);

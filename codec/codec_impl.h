@@ -36,6 +36,15 @@ extern int kvt_codec_level;
 void kvt_codec_put_hdr(uint8_t *out, int id, const kvt_cshape *s);
 int kvt_codec_hdr_ok(const uint8_t *in, int id, const kvt_cshape *s);
 
+/* The lean codecs' u8 scales (k8b's block scale, v2l..v4l's norms): code
+ * c > 0 stands for 2^((c - 112) / 8), 0 for zero; 1/8 of an octave a step,
+ * 2^-13.875 .. 2^17.875. Every byte is a valid finite scale. */
+float kvt_lean_value(uint8_t c);
+/* The smallest code whose value is >= x (0 for x <= 0); 256 past the range. */
+int kvt_lean_code_up(float x);
+/* The code nearest x in the log domain (0 for x <= 0, clamped to 1..255). */
+uint8_t kvt_lean_code_near(float x);
+
 /* One (token, head) vector of n values of dtype to f32 (scalar or F16C). */
 void kvt_vec_to_f32(const void *in, uint32_t dtype, uint32_t n, float *out);
 void kvt_vec_from_f32(const float *in, uint32_t dtype, uint32_t n, void *out);
@@ -81,6 +90,10 @@ int kvt_k_encode(int id, const kvt_cshape *s, const void *in, uint32_t dtype, ui
 int kvt_k_check(int id, const kvt_cshape *s, const uint8_t *body);
 void kvt_k_decode(int id, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dtype);
 size_t kvt_v_size(int bits, const kvt_cshape *s);
+/* The lean value codecs: u8 norms[T][H], then the codes of v2..v4. */
+size_t kvt_vl_size(int bits, const kvt_cshape *s);
+int kvt_vl_encode(int bits, const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body);
+void kvt_vl_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dtype);
 int kvt_v_encode(int bits, const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body);
 int kvt_v_check(int bits, const kvt_cshape *s, const uint8_t *body);
 void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dtype);

@@ -6,6 +6,8 @@
  *   k8c:    scales f16[H][D], then codes[T][H][D]
  * where row = D bytes for int8, and for 4-bit D rounded up to 8 codes in 4
  * bytes, each code (value + 8) in 1..15, code i at bits 4i (little-endian).
+ *   k8b:    one u8 log2 scale for the whole block (codec_impl.h), then
+ *           codes[T][H][D]; no header (a lean warm-tier form)
  * int8 codes are -127..127; -128 and a nibble of 0 are malformed. */
 #include <math.h>
 #include <string.h>
@@ -21,8 +23,13 @@ static size_t n_scales(int id, const kvt_cshape *s) {
   return id == KVT_CODEC_K8C ? (size_t)s->n_heads * s->head_dim : (size_t)s->n_tokens * s->n_heads;
 }
 
+/* Bytes before the codes: f16 scales, or k8b's one u8 scale. */
+static size_t scale_bytes(int id, const kvt_cshape *s) {
+  return id == KVT_CODEC_K8B ? 1 : 2 * n_scales(id, s);
+}
+
 size_t kvt_k_size(int id, const kvt_cshape *s) {
-  return 2 * n_scales(id, s) + (size_t)s->n_tokens * s->n_heads * row_bytes(id, s->head_dim);
+  return scale_bytes(id, s) + (size_t)s->n_tokens * s->n_heads * row_bytes(id, s->head_dim);
 }
 
 /* ---------- kernels: absmax and quantize one vector ---------- */
@@ -173,8 +180,32 @@ static int k8c_encode(const kvt_cshape *s, const void *in, uint32_t dtype, uint8
   return 0;
 }
 
+/* k8b: the block's absolute maximum, its scale rounded up to a u8 code (so
+ * no key is clipped), then the codes as k8's with that one scale. */
+static int k8b_encode(const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body) {
+  const uint32_t D = s->head_dim;
+  const size_t es = kvt_dtype_size(dtype), n = (size_t)s->n_tokens * s->n_heads;
+  float x[KVT_MAX_HEAD_DIM], m = 0, inv;
+  int32_t q[KVT_MAX_HEAD_DIM];
+  for (size_t v = 0; v < n; v++) {
+    if (kvt_vec_load((const uint8_t *)in + v * D * es, dtype, D, x)) return KVT_ENONFINITE;
+    m = max0(m, absmax(x, D));
+  }
+  int c = kvt_lean_code_up(m / 127.0f);
+  if (c > 255) return KVT_ENONFINITE; /* beyond the scale's range */
+  float sc = kvt_lean_value((uint8_t)c);
+  inv = sc > 0 ? 1.0f / sc : 0.0f;
+  body[0] = (uint8_t)c;
+  for (size_t v = 0; v < n; v++) {
+    kvt_vec_to_f32((const uint8_t *)in + v * D * es, dtype, D, x);
+    quantize_row(KVT_CODEC_K8, x, &inv, 0, D, q, body + 1 + v * D);
+  }
+  return 0;
+}
+
 int kvt_k_encode(int id, const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body) {
   if (id == KVT_CODEC_K8C) return k8c_encode(s, in, dtype, body);
+  if (id == KVT_CODEC_K8B) return k8b_encode(s, in, dtype, body);
   const uint32_t D = s->head_dim;
   const size_t es = kvt_dtype_size(dtype), rb = row_bytes(id, D);
   uint8_t *codes = body + 2 * n_scales(id, s);
@@ -217,9 +248,10 @@ KVT_AVX2 static int codes_bad_avx2(int id, const uint8_t *c, size_t n) {
 int kvt_k_check(int id, const kvt_cshape *s, const uint8_t *body) {
   size_t ns = n_scales(id, s), nc = (size_t)s->n_tokens * s->n_heads * row_bytes(id, s->head_dim);
   unsigned bad = 0;
-  for (size_t i = 0; i < ns; i++) bad |= !kvt_f16_ok(kvt_rd16(body + 2 * i));
+  if (id != KVT_CODEC_K8B) /* k8b: every u8 scale is valid */
+    for (size_t i = 0; i < ns; i++) bad |= !kvt_f16_ok(kvt_rd16(body + 2 * i));
   if (bad) return KVT_ECORRUPT;
-  const uint8_t *c = body + 2 * ns;
+  const uint8_t *c = body + scale_bytes(id, s);
   bad = kvt_codec_level > 0 ? codes_bad_avx2(id, c, nc) : codes_bad_c(id, c, nc);
   return bad ? KVT_ECORRUPT : 0;
 }
@@ -239,15 +271,16 @@ static void k_decode_c(int id, const kvt_cshape *s, const uint8_t *body, void *o
                        uint32_t dtype) {
   const uint32_t T = s->n_tokens, H = s->n_heads, D = s->head_dim;
   const size_t es = kvt_dtype_size(dtype), rb = row_bytes(id, D);
-  const uint8_t *codes = body + 2 * n_scales(id, s);
-  const int per_ch = id == KVT_CODEC_K8C;
+  const uint8_t *codes = body + scale_bytes(id, s);
+  const int per_ch = id == KVT_CODEC_K8C, blk = id == KVT_CODEC_K8B;
   float x[KVT_MAX_HEAD_DIM], sc[KVT_MAX_HEAD_DIM];
   for (uint32_t h = 0; h < H; h++) {
     if (per_ch)
       for (uint32_t d = 0; d < D; d++) sc[d] = kvt_f16_to_f32(kvt_rd16(body + 2 * ((size_t)h * D + d)));
     for (uint32_t t = 0; t < T; t++) {
       size_t v = (size_t)t * H + h;
-      if (!per_ch) sc[0] = kvt_f16_to_f32(kvt_rd16(body + 2 * v));
+      if (blk) sc[0] = kvt_lean_value(body[0]);
+      else if (!per_ch) sc[0] = kvt_f16_to_f32(kvt_rd16(body + 2 * v));
       dequant_row(id, codes + v * rb, sc, per_ch, D, x);
       kvt_vec_from_f32_sat(x, dtype, D, (uint8_t *)out + v * D * es);
     }
@@ -312,10 +345,14 @@ KVT_AVX2 static void k_decode_avx2(int id, const kvt_cshape *s, const uint8_t *b
                                    uint32_t dtype) {
   const uint32_t H = s->n_heads, D = s->head_dim;
   const size_t es = kvt_dtype_size(dtype), rb = row_bytes(id, D), n = (size_t)s->n_tokens * H;
-  const uint8_t *codes = body + 2 * n_scales(id, s);
+  const uint8_t *codes = body + scale_bytes(id, s);
   for (size_t v = 0; v < n; v++) {
     uint8_t *o = (uint8_t *)out + v * D * es;
-    if (id == KVT_CODEC_K8C)
+    if (id == KVT_CODEC_K8B && dtype == KVT_F16)
+      k8_row_f16(codes + v * rb, kvt_lean_value(body[0]), D, o);
+    else if (id == KVT_CODEC_K8B)
+      k_row_avx2(KVT_CODEC_K8, codes + v * rb, kvt_lean_value(body[0]), NULL, D, dtype, o);
+    else if (id == KVT_CODEC_K8C)
       k_row_avx2(KVT_CODEC_K8C, codes + v * rb, 0, body + 2 * (v % H) * D, D, dtype, o);
     else if (dtype == KVT_F16 && !is4(id))
       k8_row_f16(codes + v * rb, _cvtsh_ss(kvt_rd16(body + 2 * v)), D, o);
@@ -397,7 +434,8 @@ static void dots_c(int id, const kvt_cshape *s, const uint8_t *codes, uint32_t h
 void kvt_codec_k_dots_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_t h,
                         const float *q, uint32_t gn, float *scores, size_t stride) {
   const uint32_t T = s->n_tokens, D = s->head_dim, Dp = (D + 7) / 8 * 8;
-  const uint8_t *body = enc + KVT_CODEC_HDR, *codes = body + 2 * n_scales(id, s);
+  const int blk = id == KVT_CODEC_K8B; /* lean: no header, one scale */
+  const uint8_t *body = blk ? enc : enc + KVT_CODEC_HDR, *codes = body + scale_bytes(id, s);
   float qs[KVT_CODEC_GQA * KVT_MAX_HEAD_DIM]; /* query j at j * Dp, zero padded */
   if (gn == 0) return;
   const float *qv = q;
@@ -417,6 +455,12 @@ void kvt_codec_k_dots_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32_
   if (kvt_codec_level > 0) dots_avx2_n(id, s, codes, h, qv, qst, gn, scores, stride);
   else dots_c(id, s, codes, h, qv, qst, gn, scores, stride);
   if (id == KVT_CODEC_K8C) return;
+  if (blk) {
+    float sc = kvt_lean_value(body[0]);
+    for (uint32_t j = 0; j < gn; j++)
+      for (uint32_t t = 0; t < T; t++) scores[j * stride + t] *= sc;
+    return;
+  }
   for (uint32_t t = 0; t < T; t++) {
     float sc = kvt_f16_to_f32(kvt_rd16(body + 2 * ((size_t)t * s->n_heads + h)));
     for (uint32_t j = 0; j < gn; j++) scores[j * stride + t] *= sc;

@@ -563,6 +563,49 @@ void kvt_v_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out,
   }
 }
 
+/* ---------- lean forms: u8 log2 norms, no header ---------- */
+
+size_t kvt_vl_size(int bits, const kvt_cshape *s) {
+  size_t n = (size_t)s->n_tokens * s->n_heads;
+  return n + n * code_bytes(bits, kvt_codec_vdim(s->head_dim));
+}
+
+/* The vectors go through kvt_v_encode a few heads of one token at a time
+ * (the rotation does not depend on the head or token), each f16 norm then
+ * rounded to the nearest u8 code: the codes are those of v2..v4. */
+#define VL_HEADS 16u
+int kvt_vl_encode(int bits, const kvt_cshape *s, const void *in, uint32_t dtype, uint8_t *body) {
+  const uint32_t H = s->n_heads;
+  const size_t n = (size_t)s->n_tokens * H, es = kvt_dtype_size(dtype);
+  const size_t cb = code_bytes(bits, kvt_codec_vdim(s->head_dim));
+  uint8_t tmp[VL_HEADS * (2 + KVT_MAX_HEAD_DIM / 2)]; /* cb <= vdim / 2 */
+  for (uint32_t t = 0; t < s->n_tokens; t++)
+    for (uint32_t h0 = 0; h0 < H; h0 += VL_HEADS) {
+      uint32_t hc = H - h0 < VL_HEADS ? H - h0 : VL_HEADS;
+      size_t v = (size_t)t * H + h0;
+      kvt_cshape one = {.n_tokens = 1, .n_heads = hc, .head_dim = s->head_dim, .seed = s->seed};
+      int rc = kvt_v_encode(bits, &one, (const uint8_t *)in + v * s->head_dim * es, dtype, tmp);
+      if (rc) return rc;
+      for (uint32_t j = 0; j < hc; j++) body[v + j] = kvt_lean_code_near(kvt_f16_to_f32(kvt_rd16(tmp + 2 * j)));
+      memcpy(body + n + v * cb, tmp + 2 * hc, hc * cb);
+    }
+  return 0;
+}
+
+void kvt_vl_decode(int bits, const kvt_cshape *s, const uint8_t *body, void *out, uint32_t dtype) {
+  vq q;
+  vq_init(&q, bits, s);
+  const size_t n = (size_t)s->n_tokens * s->n_heads, es = kvt_dtype_size(dtype);
+  const size_t cb = code_bytes(bits, q.vdim);
+  float y[KVT_MAX_HEAD_DIM];
+  for (size_t v = 0; v < n; v++) {
+    unpack_c(&q, body + n + v * cb, kvt_lean_value(body[v]) / (float)q.vdim, y);
+    fwht(y, q.vdim);
+    for (uint32_t i = 0; i < s->head_dim; i++) y[i] = y[i] * q.sign[i];
+    kvt_vec_from_f32_sat(y, dtype, s->head_dim, (uint8_t *)out + v * s->head_dim * es);
+  }
+}
+
 /* ---------- attention: sum_t p_t v_t, rotated once per head ---------- */
 
 /* Tokens of a block go through the AVX2 kernel in tiles: the weights of a
@@ -642,7 +685,8 @@ void kvt_codec_v_accum_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32
   q.n_levels = 1 << c->bits;
   q.vdim = kvt_codec_vdim(s->head_dim);
   q.c = centroids(c->bits);
-  const uint8_t *body = enc + KVT_CODEC_HDR;
+  const int lean = c->lean; /* no header, u8 norms */
+  const uint8_t *body = lean ? enc : enc + KVT_CODEC_HDR;
   const size_t n = (size_t)s->n_tokens * s->n_heads, cb = code_bytes(q.bits, q.vdim);
   const uint8_t *rows[V_TILE];
   float w[V_TILE * KVT_CODEC_GQA], y[KVT_MAX_HEAD_DIM];
@@ -650,11 +694,13 @@ void kvt_codec_v_accum_n(int id, const kvt_cshape *s, const uint8_t *enc, uint32
     uint32_t nt = 0;
     for (uint32_t t = t0; t < s->n_tokens && t < t0 + V_TILE; t++) {
       size_t v = (size_t)t * s->n_heads + h;
-      float nrm = kvt_f16_to_f32(kvt_rd16(body + 2 * v)) / (float)q.vdim, any = 0;
+      float nrm = (lean ? kvt_lean_value(body[v]) : kvt_f16_to_f32(kvt_rd16(body + 2 * v))) /
+                  (float)q.vdim,
+            any = 0;
       for (uint32_t j = 0; j < gn; j++)
         any += (w[nt * KVT_CODEC_GQA + j] = p[j * stride + t] * nrm);
       if (any == 0) continue; /* (weights are >= 0) */
-      rows[nt++] = body + 2 * n + v * cb;
+      rows[nt++] = body + (lean ? 1 : 2) * n + v * cb;
     }
     if (kvt_codec_level > 0) {
       vacc_fns[q.bits - 2][gn - 1](&q, rows, w, nt, acc);

@@ -313,6 +313,8 @@ size_t kvt_policy_scratch_bytes(void);
 int kvt_policy_evictable(const kvt_seq *s, uint32_t block, uint32_t layer);
 /* Evict retained block (block, layer) of s (recall makes room). Lock held. */
 void kvt_policy_evict_locked(kvt_seq *s, uint32_t block, uint32_t layer);
+/* The layer's budget bytes minus its kept bytes (negative when over). */
+int64_t kvt_policy_room_locked(const kvt_seq *s, uint32_t layer);
 
 /* lineage.c: content addressing under a lossy policy. With the lock held:
  * mark s lossy for reason why (KVT_LOSSY_*; nothing when it is already);

@@ -132,6 +132,12 @@ static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   o->demotions = lp->demotions;
 }
 
+int64_t kvt_policy_room_locked(const kvt_seq *s, uint32_t layer) {
+  kvt_policy_info o;
+  layer_bytes(s, layer, &o);
+  return (int64_t)o.budget_bytes - (int64_t)o.kept_bytes;
+}
+
 static void ctx_of(const kvt_seq *s, uint32_t layer, kvt_pctx *c) {
   const kvt_shape *sh = &s->ns->desc.shape;
   *c = (kvt_pctx){.pol = &s->pol, .lp = layer_pol(s, layer), .model = s->ns->pred,

@@ -334,6 +334,46 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
   return marked;
 }
 
+/* Recalled blocks of (s, layer) that came back as a copy still in the warm
+ * tier (the prefetch re-references a layer block still in RAM instead of
+ * reading the disk) are made hot with their exact bytes when the token
+ * block is durable and the layer's budget has room for the difference:
+ * recall brings back what the query needs, not its quantized form. With the lock held (kvt_lblk_promote drops it while it
+ * reads); counted as the policy's promotions. */
+static void promote_recalled(kvt_seq *s, uint32_t layer) {
+  kvt_engine *e = s->e;
+  uint32_t L = s->ns->desc.shape.n_layers;
+  if (!kvt_store_payload(e)) return;
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    size_t i = (size_t)b * L + layer;
+    kvt_lblk *lb = s->lb[i];
+    if (!s->bs[i].recalled || !lb || lb->tier != KVT_TIER_WARM || lb->refs != 1 ||
+        !lb->tb->cold || lb->tb->lost)
+      continue;
+    /* it is protected until observed, so it must fit the layer's budget
+     * as hot: the weakest evictable blocks leave to make room (at most 4),
+     * else it stays warm (the policy's promotion may move it later) */
+    const kvt_shape *sh = &s->ns->desc.shape;
+    kvt_codec_shape cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
+                          .head_dim = sh->head_dim};
+    uint64_t half = (uint64_t)sh->block_tokens * sh->n_kv_heads * sh->head_dim * 2;
+    uint64_t warm_b = (lb->k_codec ? kvt_codec_size(lb->k_codec, &cs) : half) +
+                      (lb->v_codec ? kvt_codec_size(lb->v_codec, &cs) : half);
+    int64_t need = (int64_t)(2 * half) - (int64_t)warm_b;
+    for (int k = 0; k < 4 && kvt_policy_room_locked(s, layer) < need; k++) {
+      double v;
+      uint32_t vb; /* the weakest evictable block leaves, as for the recall itself */
+      if (!weakest(s, layer, &v, &vb, 1)) break;
+      kvt_policy_evict_locked(s, vb, layer);
+    }
+    if (kvt_policy_room_locked(s, layer) < need) continue;
+    int exact = 0;
+    if (kvt_lblk_promote(e, lb, &exact) || !s->lp) continue;
+    s->lp[layer].promotions++;
+    s->lp[layer].promotions_exact += (uint64_t)exact;
+  }
+}
+
 void kvt_recall_step(kvt_seq *s, uint32_t layer) {
   struct kvt_recall *r = s->recall;
   if (!r || !s->pol.recall || !s->lp) return;
@@ -356,7 +396,8 @@ void kvt_recall_step(kvt_seq *s, uint32_t layer) {
     r->pending[layer] = ld;
     ld->back = &r->pending[layer];
   }
-  kvt_policy_apply_locked(s, layer); /* some may be in RAM already */
+  promote_recalled(s, layer);        /* some may be in RAM already, */
+  kvt_policy_apply_locked(s, layer); /* and retained at once */
   e->st.recall_ns += kvt_hist_now_ns() - t0;
   pthread_mutex_unlock(&e->lock);
 }
@@ -376,6 +417,7 @@ void kvt_recall_install(kvt_seq *s, uint32_t layer) {
   kvt_load_wait(ld, &ok); /* what failed stays away: attention reads or reports it */
   pthread_mutex_lock(&e->lock);
   e->st.recall_bytes += (uint64_t)ok * 2 * s->ns->bytes_each;
+  promote_recalled(s, layer);
   kvt_policy_apply_locked(s, layer);
   e->st.recall_ns += kvt_hist_now_ns() - t0;
   pthread_mutex_unlock(&e->lock);

@@ -168,6 +168,12 @@ typedef enum kvt_codec_id {
   KVT_CODEC_V2 = 4,  /**< values: Hadamard-rotated Lloyd-Max 2-bit, f16 norm */
   KVT_CODEC_V3 = 5,  /**< values: the same, 3-bit (default) */
   KVT_CODEC_V4 = 6,  /**< values: the same, 4-bit */
+  /* Lean forms for the warm tier (docs/format.md, "Lean warm encodings"):
+   * no header, u8 log2 scales; a decoder learns the shape from its caller. */
+  KVT_CODEC_K8B = 7,  /**< keys: int8, one u8 log2 scale for the whole block */
+  KVT_CODEC_V2L = 8,  /**< values: as V2 with a u8 log2 norm per (token, head) */
+  KVT_CODEC_V3L = 9,  /**< values: as V3, u8 norm */
+  KVT_CODEC_V4L = 10, /**< values: as V4, u8 norm */
 } kvt_codec_id;
 
 /** The shape a codec works on: one K or V tensor of a layer block,
@@ -654,7 +660,8 @@ int kvt_ns_shape(kvt_engine *e, kvt_ns_id ns, kvt_shape *out);
 int kvt_ns_drop(kvt_engine *e, kvt_ns_id ns);
 
 /** Choose the warm codecs of one layer (or KVT_ALL_LAYERS) of ns: a key
- * codec (K8, K8C, K4) and a value codec (V2, V3, V4). Either side (not
+ * codec (K8, K8C, K4, K8B) and a value codec (V2, V3, V4, V2L, V3L, V4L;
+ * the lean ones cost least with small heads or blocks). Either side (not
  * both) may be KVT_CODEC_NONE: that side is then kept exact in the warm
  * tier (its bytes in the namespace dtype), the other quantized; attention
  * in place, gathers, reads and loads use the exact side as they use a hot
@@ -672,20 +679,27 @@ int kvt_codec_parse(const char *name, int *k_codec, int *v_codec);
 /** The name of a codec ("k8", "v3", ...), or NULL for an unknown id. */
 const char *kvt_codec_name(int codec);
 
-/** Bytes of one tensor of shape s encoded with codec (header included), or
- * 0 for an unknown codec or a shape out of range. */
+/** Bytes of one tensor of shape s encoded with codec (header included; the
+ * lean codecs K8B, V2L..V4L have none), or 0 for an unknown codec or a
+ * shape out of range. */
 size_t kvt_codec_size(int codec, const kvt_codec_shape *s);
 
 /** Encode one tensor (dtype KVT_F32, KVT_F16 or KVT_BF16) into out.
  * Deterministic: the same input, shape and seed give the same bytes on
  * every machine, with or without AVX2.
  * @return bytes written; KVT_EOPTION (codec); KVT_ESHAPE; KVT_ENULL;
- *   KVT_EDTYPE; KVT_EBUFSIZE (out_len < kvt_codec_size()); KVT_ENONFINITE. */
+ *   KVT_EDTYPE; KVT_EBUFSIZE (out_len < kvt_codec_size()); KVT_ENONFINITE
+ *   (also a K8B block whose largest |key| passes 127 x 2^17.875, beyond
+ *   its scale's range). */
 int64_t kvt_codec_encode(int codec, const kvt_codec_shape *s, const void *in, uint32_t dtype,
                          uint8_t *out, size_t out_len);
 
 /** Check an encoded tensor: header, length, scales and codes. Never reads
- * outside in[0..in_len). @return 0; KVT_ECORRUPT. */
+ * outside in[0..in_len). A lean codec has no header to compare: only its
+ * length and codes are checked (every scale byte is valid), so a lean
+ * buffer of another shape of the same length is not detected; it still
+ * decodes to finite values within the codec's range.
+ * @return 0; KVT_ECORRUPT. */
 int kvt_codec_check(int codec, const kvt_codec_shape *s, const uint8_t *in, size_t in_len);
 
 /** Check, then dequantize into out (n_tokens * n_heads * head_dim values

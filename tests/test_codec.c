@@ -715,7 +715,7 @@ static void test_encode_args(void **state) {
     kvt_codec_shape big = {KVT_MAX_BLOCK_TOKENS, KVT_MAX_HEADS, KVT_MAX_HEAD_DIM, 0, 0};
     CHECK(kvt_codec_size(c, &big) > (size_t)KVT_MAX_BLOCK_TOKENS * KVT_MAX_HEADS);
   }
-  const int unknown[] = {0, 7, -1, 1000};
+  const int unknown[] = {0, 11, -1, 1000};
   for (size_t k = 0; k < N_OF(unknown); k++) {
     CHECK_EQ(kvt_codec_size(unknown[k], &s), 0);
     CHECK_EQ(kvt_codec_encode(unknown[k], &s, in, KVT_F32, out, sizeof out), KVT_EOPTION);

@@ -40,7 +40,7 @@ typedef struct fx {
 /* A sequence of BLOCKS blocks under "recent" at budget 0.5 with recall on;
  * with a cold tier (durable after a sync) and a hot tier that holds the
  * retained blocks and one more, so what the policy evicted leaves RAM. */
-static void fx_open(fx *f, int cold, float hi) {
+static void fx_open_warm(fx *f, int cold, float hi, double warm) {
   f->dir = tu_tmpdir();
   f->sh = tu_shape_small(KVT_F32);
   f->hi = hi;
@@ -49,6 +49,7 @@ static void fx_open(fx *f, int cold, float hi) {
   else tu_opts(&o);
   size_t bb = kvt_shape_block_bytes(&f->sh);
   o.tier_bytes_limit[KVT_TIER_HOT] = (f->sh.n_layers * BLOCKS / 2 + 1) * (2 * bb + 256);
+  if (warm > 0) o.tier_bytes_limit[KVT_TIER_WARM] = 16u << 20;
   f->e = tu_open(f->dir, &o);
   kvt_ns_id ns = tu_register(f->e, "m", &f->sh);
   assert_int_equal(kvt_seq_create(f->e, ns, &f->s), 0);
@@ -57,7 +58,8 @@ static void fx_open(fx *f, int cold, float hi) {
   assert_int_equal(kvt_policy_parse("recent", &p.scorer), 0);
   p.budget = 0.5;
   p.recall = 1;
-  assert_int_equal(kvt_seq_set_policy(f->s, &p), 0);
+  p.warm = warm;
+  if (warm == 0) assert_int_equal(kvt_seq_set_policy(f->s, &p), 0);
   tu_kv_alloc(&f->kv, &f->sh);
   uint32_t toks[16];
   for (uint32_t b = 0; b < BLOCKS; b++) {
@@ -69,7 +71,12 @@ static void fx_open(fx *f, int cold, float hi) {
     }
   }
   if (cold) assert_int_equal(kvt_sync(f->e), 0);
+  /* With a warm share, the policy comes once every block is written: the
+   * oldest are demoted first and then leave, their warm copies kept in RAM. */
+  if (warm > 0) assert_int_equal(kvt_seq_set_policy(f->s, &p), 0);
 }
+
+static void fx_open(fx *f, int cold, float hi) { fx_open_warm(f, cold, hi, 0); }
 
 static void fx_close(fx *f) {
   tu_kv_free(&f->kv);
@@ -157,6 +164,31 @@ static void test_drift_recalls_exact(void **state) {
   fx_close(&f);
 }
 
+/* With a warm share, the evicted target's layer block is still in the warm
+ * tier, unreferenced, when the query drifts to it: recall re-references
+ * that copy instead of reading the disk, and then makes it hot with the
+ * exact bytes from the cold tier (it used to stay warm, approximate). The
+ * scorer ("recent") may demote it again once observed: that is ranking. */
+static void test_recall_warm_copy_exact(void **state) {
+  (void)state;
+  fx f;
+  fx_open_warm(&f, 1, 8.0f, 0.5);
+  assert_true((retained_mask(&f) & (1u << TARGET)) == 0);
+  kvt_policy_info pi0, pi;
+  assert_int_equal(kvt_seq_policy_info(f.s, 0, &pi0), 0);
+  assert_true(pi0.warm_tokens > 0);
+  step(&f); /* decides the recall; the copy is in RAM, retained at once */
+  kvt_stats st;
+  tu_stats(f.e, &st);
+  assert_true(st.recalls >= 1);
+  assert_true(retained_mask(&f) & (1u << TARGET));
+  assert_target_exact(&f);
+  assert_int_equal(kvt_seq_policy_info(f.s, 0, &pi), 0);
+  assert_true(pi.promotions_exact > pi0.promotions_exact);
+  assert_budgets(&f);
+  fx_close(&f);
+}
+
 /* The evicted block's keys only weakly match the query: its bound stays
  * below every retained block's mass; nothing is read. */
 static void test_weak_bound_not_recalled(void **state) {
@@ -224,6 +256,7 @@ static void test_no_cold_copy(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_drift_recalls_exact),
+      cmocka_unit_test(test_recall_warm_copy_exact),
       cmocka_unit_test(test_weak_bound_not_recalled),
       cmocka_unit_test(test_budgets_hold),
       cmocka_unit_test(test_no_cold_copy),
