@@ -222,10 +222,10 @@ int kvt_ns_set_codec(kvt_engine *e, kvt_ns_id id, uint32_t layer, int k_codec, i
                    "at least one quantized side", "both KVT_CODEC_NONE");
   if (k_codec != KVT_CODEC_NONE && (!kc || kc->is_value))
     return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "k_codec",
-                   "KVT_CODEC_NONE or a key codec (K8, K8C, K4)", "%d", k_codec);
+                   "KVT_CODEC_NONE or a key codec (K8, K8C, K4, K8B)", "%d", k_codec);
   if (v_codec != KVT_CODEC_NONE && (!vc || !vc->is_value))
     return KVT_ERR(e, KVT_EOPTION, "kvt_ns_set_codec", "v_codec",
-                   "KVT_CODEC_NONE or a value codec (V2, V3, V4)", "%d", v_codec);
+                   "KVT_CODEC_NONE or a value codec (V2, V3, V4, V2L, V3L, V4L)", "%d", v_codec);
   pthread_mutex_lock(&e->lock);
   kvt_nsrec *ns = kvt_ns_find(e, id);
   int rc = 0;
