@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -181,13 +182,20 @@ int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **o
 int kvt_engine_open_remote(const char *dir, const kvt_options *opt, const kvt_remote_options *ro,
                            kvt_engine **out, kvt_error_info *info) {
   if (info) memset(info, 0, sizeof *info);
-  if (ro && ro->size < sizeof *ro)
+  /* The first version's size is the least a caller may pass; fields a
+   * newer caller appends are ignored, fields an older one lacks read 0. */
+  const size_t v1 = offsetof(kvt_remote_options, queue_bytes) + sizeof ro->queue_bytes;
+  if (ro && ro->size < v1)
     return kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open_remote", "ro->size",
-                        ">= sizeof(kvt_remote_options)", "%u", ro->size);
-  if (ro && ro->url && opt && (opt->flags & KVT_OPEN_METADATA_ONLY))
+                        ">= the first kvt_remote_options' size", "%u", ro->size);
+  kvt_remote_options r;
+  memset(&r, 0, sizeof r);
+  if (ro) memcpy(&r, ro, ro->size < sizeof r ? ro->size : sizeof r);
+  r.size = sizeof r;
+  if (ro && r.url && opt && (opt->flags & KVT_OPEN_METADATA_ONLY))
     return kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open_remote", "ro->url",
                         "none with KVT_OPEN_METADATA_ONLY (no bytes to share)", "a URL");
-  return engine_open(dir, opt, ro, out, info);
+  return engine_open(dir, opt, ro ? &r : NULL, out, info);
 }
 
 static int engine_open(const char *dir, const kvt_options *opt, const kvt_remote_options *ro,

@@ -83,23 +83,26 @@ static void write_batch(kvt_remote *r, wjob **jobs, size_t n) {
     cmd[i].key_len = kvt_remote_block_key(&jobs[i]->key, keys[i]);
   }
   kvt_remote_counts d = {0};
-  if (kvt_rc_exec(r->wr, cmd, n)) d.write_failures += n;
-  else
-    for (size_t i = 0; i < n; i++) {
-      switch (cmd[i].status) {
-      case KVT_RC_OK: d.writes++, d.bytes_out += jobs[i]->len; break;
-      case KVT_RC_NIL: d.write_exists++; break; /* another writer stored the same block */
-      case KVT_RC_UNAVAILABLE: d.timeouts++, d.write_failures++; break;
-      default: d.write_failures++; break;       /* OOM under noeviction, too big */
-      }
+  int rc[WRITE_BATCH];
+  int failed = kvt_rc_exec(r->wr, cmd, n);
+  if (failed) d.write_failures += n;
+  for (size_t i = 0; i < n; i++) {
+    rc[i] = -EIO; /* stored only when the cluster said so: a settled 0 means durable */
+    if (failed) continue;
+    switch (cmd[i].status) {
+    case KVT_RC_OK: d.writes++, d.bytes_out += jobs[i]->len, rc[i] = 0; break;
+    case KVT_RC_NIL: d.write_exists++, rc[i] = 0; break; /* another writer stored it */
+    case KVT_RC_UNAVAILABLE: d.timeouts++, d.write_failures++; break;
+    default: d.write_failures++; break;       /* OOM under noeviction, too big */
     }
+  }
   kvt_rc_release(cmd, n);
   pthread_mutex_lock(&r->q_lock);
   r->n.writes += d.writes, r->n.bytes_out += d.bytes_out, r->n.write_exists += d.write_exists;
   r->n.timeouts += d.timeouts, r->n.write_failures += d.write_failures;
   pthread_mutex_unlock(&r->q_lock);
   for (size_t i = 0; i < n; i++) {
-    if (jobs[i]->settled) jobs[i]->settled(jobs[i]->arg, jobs[i]->idx, jobs[i]->idx + 1, 0);
+    if (jobs[i]->settled) jobs[i]->settled(jobs[i]->arg, jobs[i]->idx, jobs[i]->idx + 1, rc[i]);
     job_free(r, jobs[i]);
   }
 }
@@ -174,7 +177,7 @@ size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int w
       if (j) kvt_mem_free(r->mem, KVT_MEM_OTHER, j, sizeof *j);
       count(r, &r->n.write_failures, 1);
     }
-    if (settled) settled(arg, i, i + 1, 0); /* best effort: given up, counted */
+    if (settled) settled(arg, i, i + 1, rc ? rc : -EAGAIN); /* given up, counted: not durable */
   }
   return queued;
 }
@@ -276,7 +279,8 @@ static int get_locked(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *le
   kvt_rc_cmd c = {.op = KVT_RC_GET, .key = k, .key_len = kvt_remote_block_key(key, k)};
   kvt_rc_status st = rd_exec(r, &c, 1);
   int rc = KVT_ENOTFOUND;
-  if (st == KVT_RC_OK && kvt_remote_check(key, c.out, c.out_len, e, sl) == 0) {
+  int bad = st == KVT_RC_OK && kvt_remote_check(key, c.out, c.out_len, e, sl) != 0;
+  if (st == KVT_RC_OK && !bad) { /* a copy we cannot allocate is a miss, not a bad value */
     *v = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, c.out_len);
     if (*v) {
       memcpy(*v, c.out, c.out_len);
@@ -286,7 +290,7 @@ static int get_locked(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *le
   }
   size_t got = st == KVT_RC_OK ? c.out_len : 0;
   kvt_rc_release(&c, 1);
-  if (st == KVT_RC_OK && rc) bad_value(r, k, c.key_len);
+  if (bad) bad_value(r, k, c.key_len);
   pthread_mutex_lock(&r->q_lock);
   r->n.hits += rc == 0;
   r->n.misses += rc != 0;

@@ -62,8 +62,9 @@ int kvt_remote_open(kvt_mem *m, const kvt_remote_cfg *cfg, kvt_remote **out, cha
 void kvt_remote_close(kvt_remote *r);
 
 /* Queue copies of recs for SET NX. settled (may be NULL) is called from
- * the writer thread once each is written or given up: always rc 0, a
- * remote write being best effort (its failure is counted). wait: block
+ * the writer thread once each is written or given up: rc 0 only when the
+ * cluster stored it (or already had it), else why not (-EIO, -EAGAIN,
+ * -ENOMEM; the failure is also counted). wait: block
  * until the queue has room; else a record that does not fit is dropped
  * (counted) and settled at once. Returns how many were queued. */
 size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int wait,

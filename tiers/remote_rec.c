@@ -72,6 +72,7 @@ int kvt_remote_decode(kvt_mem *m, const uint8_t *v, const kvt_cold_entry *e, con
   if (sl[layer].codec == KVT_COLD_CODEC_RAW)
     return kvt_rec_payload_decode(m, NULL, v + sl[layer].rel_off, &sl[layer], esize, k_out, v_out, each);
   ZSTD_DCtx *dz = ZSTD_createDCtx(); /* planes: written by no kvtier today, decoded all the same */
+  if (!dz) return -ENOMEM;
   int rc = kvt_rec_payload_decode(m, dz, v + sl[layer].rel_off, &sl[layer], esize, k_out, v_out, each);
   ZSTD_freeDCtx(dz);
   return rc;

@@ -197,6 +197,11 @@ static int rs_post(void *impl, const kvt_store_rec *recs, size_t n, size_t *post
   return rc;
 }
 
+/* rs_write's settled: counts the records the cluster stored (writer thread). */
+static void count_stored(void *arg, size_t from, size_t to, int rc) {
+  if (rc == 0) __atomic_add_fetch((size_t *)arg, to - from, __ATOMIC_RELEASE);
+}
+
 static int rs_write(void *impl, const kvt_store_rec *recs, size_t n, size_t *written) {
   rstore *s = impl;
   if (s->local) {
@@ -204,11 +209,12 @@ static int rs_write(void *impl, const kvt_store_rec *recs, size_t n, size_t *wri
     kvt_remote_post(s->r, recs, n, 0, NULL, NULL);
     return rc;
   }
-  size_t posted;
-  int rc = rs_post(impl, recs, n, &posted, NULL, NULL);
+  size_t posted, ok = 0;
+  int rc = rs_post(impl, recs, n, &posted, count_stored, &ok);
   kvt_remote_drain(s->r);
-  if (written) *written = rc ? 0 : n;
-  return rc;
+  ok = __atomic_load_n(&ok, __ATOMIC_ACQUIRE);
+  if (written) *written = rc ? 0 : ok;
+  return rc ? rc : ok == n ? 0 : -EIO;
 }
 
 static void rs_wait_stage(void *impl) {
@@ -358,6 +364,7 @@ static int rs_remove(void *impl, const kvt_key *key) {
   rstore *s = impl;
   int rc = s->local ? kvt_store_remove(s->local, key) : KVT_ENOTFOUND;
   int rrc = s->rdonly ? KVT_ENOTFOUND : kvt_remote_remove(s->r, key);
+  if (rc != 0 && rc != KVT_ENOTFOUND) return rc; /* a local failure is not hidden by the cluster's */
   return rc == 0 || rrc == 0 ? 0 : rc;
 }
 
