@@ -25,7 +25,7 @@
 #define BP_SCORERS_MAX 32u
 
 typedef struct bp_cfg {
-  const char *model, *dir, *budget_s;
+  const char *model, *dir, *budget_s, *predictor;
   uint64_t tokens, block_tokens, rounds;
   int json;
 } bp_cfg;
@@ -57,7 +57,7 @@ typedef struct bp_scorer {
   int skipped;              /* the scorer needs input a bench cannot give */
 } bp_scorer;
 
-#define BP_N_OPTS 7
+#define BP_N_OPTS 8
 
 static void bp_opts(bp_cfg *c, cli_opt o[BP_N_OPTS]) {
   const cli_opt opts[BP_N_OPTS] = {
@@ -70,6 +70,8 @@ static void bp_opts(bp_cfg *c, cli_opt o[BP_N_OPTS]) {
       {"--rounds", "R", CLI_U64, &c->rounds, 1, BP_ROUNDS_MAX, "rounds (default 7)"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      {"--predictor", "P", CLI_STR, &c->predictor, 0, 0,
+       "a predictor (kvtier train) for the shape: times \"learned\" too (else skipped)"},
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -289,6 +291,8 @@ static int bp_setup(bp_run *r, const char *dir) {
                    .rope_theta = 10000.0, .tp_size = 1, .shape = r->sh};
   if (!rc) rc = kvt_ns_register(r->e, &d, &r->ns);
   if (rc) return bp_fail("opening the engine", r->e, rc);
+  if (r->cfg.predictor && (rc = kvt_ns_load_predictor(r->e, r->ns, r->cfg.predictor)))
+    return cli_engine_error("bench policy", r->cfg.predictor, r->e, rc);
   size_t each = (size_t)r->sh.block_tokens * r->sh.n_kv_heads * r->sh.head_dim;
   size_t qd = (size_t)r->n_q_heads * r->sh.head_dim;
   r->tokens = calloc(r->sh.block_tokens, sizeof *r->tokens);
