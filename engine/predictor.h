@@ -111,6 +111,11 @@ typedef struct kvt_predictor {
   float *w;           /* [sets][set_floats] (owned) */
   struct kvt_mem *mem; /* the accounting w and the struct are counted in (OTHER) */
   size_t w_bytes;
+  /* MLP only, made by kvt_predictor_parse: each set's W1 transposed,
+   * [sets][N_FEAT][hidden], for inference; NULL (e.g. a model built and
+   * trained in place by `kvtier train`) falls back to reading W1 from w. */
+  float *w1t;
+  size_t w1t_bytes;
 } kvt_predictor;
 
 /* Floats in one weight set. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "engine/policy.h"
 #include "engine/predictor.h"
 #include "testutil.h"
 #include "tool_files.h"
@@ -372,10 +373,60 @@ static void test_load_refused(void **state) {
   tu_rmtree(dir);
 }
 
+/* The engine scores blocks in batches (vector lanes, a second copy of the
+ * features' arithmetic): every score must equal, bit for bit, what the
+ * scalar features and kvt_predictor_infer give block by block. */
+static void test_batch_scores_exact(void **state) {
+  (void)state;
+  enum { HB = 12, NB = 53 };
+  float w[3 * (HB * (KVT_PRED_N_FEAT + 2) + 1)];
+  for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+    w[i] = (float)((int)tu_below(2001) - 1000) / 997.0f;
+  uint8_t *b;
+  size_t n = make_pred(&shape, KVT_PRED_MLP, 1, HB, w, &b);
+  kvt_predictor *p;
+  assert_int_equal(kvt_predictor_parse(&g_mem, b, n, &shape, &p, NULL, 0), 0);
+  kvt_bstate bs[NB];
+  kvt_pred_bstate st[NB];
+  kvt_pblk pb[NB];
+  memset(bs, 0, sizeof bs);
+  memset(st, 0, sizeof st);
+  for (uint32_t i = 0; i < NB; i++) {
+    uint32_t obs = (uint32_t)tu_below(40);
+    for (uint32_t k = 0; k < obs; k++) /* zero, tiny and ordinary masses */
+      kvt_pred_observe(&st[i], k % 5 == 0 ? 0.0f : k % 7 == 0 ? 1e-30f : (float)tu_below(1000) / 999.0f);
+    bs[i].key_norm = (float)tu_below(5000) / 1000.0f;
+    pb[i] = (kvt_pblk){.block = i * 3 + (uint32_t)tu_below(3), .bs = &bs[i], .st = &st[i]};
+  }
+  for (uint32_t layer = 0; layer < shape.n_layers; layer++) {
+    for (size_t cnt = 1; cnt <= NB; cnt += 13) {
+      kvt_pctx c = {.model = p, .layer = layer, .n_layers = shape.n_layers,
+                    .n_blocks = NB * 3 + 1, .block_tokens = shape.block_tokens,
+                    .n_tokens = (uint64_t)(NB * 3 + 1) * shape.block_tokens + 5};
+      double got[NB];
+      kvt_predictor_score(p, &c, pb, cnt, got);
+      for (size_t i = 0; i < cnt; i++) {
+        kvt_pred_bstate one = st[i];
+        one.key_norm = bs[i].key_norm;
+        float f[KVT_PRED_N_FEAT];
+        kvt_pred_features(&one, pb[i].block, c.n_blocks, c.block_tokens, layer, c.n_layers, f);
+        double want = kvt_predictor_infer(p, layer, f);
+        if (memcmp(&got[i], &want, sizeof want))
+          fail_msg("layer %u, %zu blocks, block %zu: batched %.9g, one by one %.9g", layer, cnt,
+                   i, got[i], want);
+      }
+    }
+  }
+  kvt_predictor_free(p);
+  free(b);
+  assert_int_equal(kvt_mem_total(&g_mem), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_refused),
       cmocka_unit_test(test_infer),
+      cmocka_unit_test(test_batch_scores_exact),
       cmocka_unit_test(test_train_recovers),
       cmocka_unit_test(test_scorer_keeps_ranked),
       cmocka_unit_test(test_load_refused),
