@@ -251,7 +251,8 @@ static size_t weakest(const kvt_seq *s, uint32_t layer, double *v, uint32_t *vb,
   size_t n = 0;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (!kvt_policy_evictable(s, b, layer) || !lb || lb->tier == KVT_TIER_COLD) continue;
+    /* residency first: most blocks are away, and evictable() is a call */
+    if (!lb || lb->tier == KVT_TIER_COLD || !kvt_policy_evictable(s, b, layer)) continue;
     const kvt_bstate *bs = &s->bs[(size_t)b * L + layer];
     /* its mean observed mass: what it has been worth, not one step's noise */
     double m = bs->observed ? bs->mass_sum / bs->observed : 0;
