@@ -16,11 +16,14 @@ typedef struct sketch {
   uint32_t block, layer;
   uint64_t age;   /* eviction order: when full, the oldest goes */
   float key_norm; /* the block's, restored when it comes back */
-  float *mm;      /* [H*D] min then [H*D] max; one [H*D] for 1-token blocks */
+  float *mm;      /* [H*D] min then [H*D] max; one [H*D] for 1-token blocks,
+                   * in r->mm at the sketch's index */
 } sketch;
 
 struct kvt_recall {
   sketch *sk;        /* [cap], n used */
+  float *mm;         /* [cap * vec]: the sketches' data, contiguous (a scan
+                      * reads neighbours, and an eviction allocates nothing) */
   size_t n, cap;
   uint64_t clock;
   uint32_t L, HD, vec; /* vec: floats of one sketch */
@@ -105,28 +108,39 @@ static sketch *slot_for(const kvt_seq *s, struct kvt_recall *r) {
   if (r->n == r->cap && r->cap < KVT_RECALL_MAX_SKETCHES) {
     size_t cap = r->cap ? 2 * r->cap : 16;
     if (cap > KVT_RECALL_MAX_SKETCHES) cap = KVT_RECALL_MAX_SKETCHES;
+    size_t vb = (size_t)r->vec * sizeof(float);
     sketch *sk = kvt_mem_alloc(&e->mem, KVT_MEM_SEQ, cap * sizeof *sk);
-    if (!sk) return NULL;
-    if (r->n) memcpy(sk, r->sk, r->n * sizeof *sk);
+    float *mm = sk ? kvt_mem_alloc(&e->mem, KVT_MEM_SEQ, cap * vb) : NULL;
+    if (!mm) {
+      if (sk) kvt_mem_free(&e->mem, KVT_MEM_SEQ, sk, cap * sizeof *sk);
+      return NULL;
+    }
+    if (r->n) {
+      memcpy(sk, r->sk, r->n * sizeof *sk);
+      memcpy(mm, r->mm, r->n * vb);
+    }
+    for (size_t i = 0; i < r->n; i++) sk[i].mm = mm + i * r->vec;
     kvt_mem_free(&e->mem, KVT_MEM_SEQ, r->sk, r->cap * sizeof *sk);
-    count_bytes(e, (int64_t)((cap - r->cap) * sizeof *sk));
+    kvt_mem_free(&e->mem, KVT_MEM_SEQ, r->mm, r->cap * vb);
+    count_bytes(e, (int64_t)((cap - r->cap) * (sizeof *sk + vb)));
     r->sk = sk;
+    r->mm = mm;
     r->cap = cap;
   }
   if (r->n == r->cap) return &r->sk[oldest]; /* full: the oldest goes */
   sketch *k = &r->sk[r->n];
-  size_t bytes = (size_t)r->vec * sizeof(float);
-  if (!(k->mm = kvt_mem_alloc(&e->mem, KVT_MEM_SEQ, bytes))) return NULL;
-  count_bytes(e, (int64_t)bytes);
+  k->mm = r->mm + r->n * r->vec;
   r->n++;
   return k;
 }
 
-static void sketch_drop(kvt_engine *e, struct kvt_recall *r, size_t i) {
-  size_t bytes = (size_t)r->vec * sizeof(float);
-  kvt_mem_free(&e->mem, KVT_MEM_SEQ, r->sk[i].mm, bytes);
-  count_bytes(e, -(int64_t)bytes);
-  r->sk[i] = r->sk[--r->n];
+static void sketch_drop(struct kvt_recall *r, size_t i) {
+  float *mm = r->sk[i].mm; /* the last moves into i, its data too */
+  if (i != --r->n) {
+    r->sk[i] = r->sk[r->n];
+    memcpy(mm, r->sk[r->n].mm, (size_t)r->vec * sizeof(float));
+    r->sk[i].mm = mm;
+  }
 }
 
 void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_lblk *lb) {
@@ -159,16 +173,34 @@ void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_l
 
 /* The mass the sketch allows the block under the layer's last query: per
  * query head, block_tokens * exp(bound - lse), summed; 0 when even the
- * best head times the heads cannot pass cut (one exp, not one a head). */
+ * best head times the heads cannot pass cut (one exp, not one a head).
+ * Each head's bound is computed once, kept for the sum. */
 static double sketch_bound(const struct kvt_recall *r, const kvt_shape *sh, const sketch *sk,
                            double cut) {
   uint32_t layer = sk->layer, nq = r->nq[layer], D = sh->head_dim;
   uint32_t group = nq / sh->n_kv_heads;
   const float *q = r->q + (size_t)layer * r->q_cap * (D + 1), *lse = q + (size_t)nq * D;
   const float *mn = sk->mm, *mx = sh->block_tokens == 1 ? sk->mm : sk->mm + r->HD;
+  float scale = r->scale[layer];
   double T = sh->block_tokens, best = -INFINITY, mass = 0;
-  for (int pass = 0; pass < 2; pass++) /* the best head first; the sum when it passes */
-    for (uint32_t h = 0; h < nq; h++) {
+  double xs[64], *x = nq <= 64 ? xs : NULL; /* the heads' exponents, when they fit */
+  for (uint32_t h = 0; h < nq; h++) { /* the best head first */
+    const float *qh = q + (size_t)h * D;
+    size_t g = (size_t)(h / group) * D;
+    float u = 0;
+    for (uint32_t d = 0; d < D; d++) {
+      float a = qh[d] * mn[g + d], b = qh[d] * mx[g + d];
+      u += a > b ? a : b;
+    }
+    double xh = (double)(u * scale - lse[h]);
+    if (x) x[h] = xh;
+    if (xh > best) best = xh;
+  }
+  if ((double)nq * T * exp(best) <= cut) return 0;
+  for (uint32_t h = 0; h < nq; h++) { /* the sum when it passes */
+    double xh;
+    if (x) xh = x[h];
+    else {
       const float *qh = q + (size_t)h * D;
       size_t g = (size_t)(h / group) * D;
       float u = 0;
@@ -176,11 +208,10 @@ static double sketch_bound(const struct kvt_recall *r, const kvt_shape *sh, cons
         float a = qh[d] * mn[g + d], b = qh[d] * mx[g + d];
         u += a > b ? a : b;
       }
-      double x = (double)(u * r->scale[layer] - lse[h]);
-      if (pass) mass += T * exp(x);
-      else if (x > best) best = x;
-      if (!pass && h + 1 == nq && (double)nq * T * exp(best) <= cut) return 0;
+      xh = (double)(u * scale - lse[h]);
     }
+    mass += T * exp(xh);
+  }
   return mass;
 }
 
@@ -220,7 +251,8 @@ static size_t weakest(const kvt_seq *s, uint32_t layer, double *v, uint32_t *vb,
   size_t n = 0;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (!kvt_policy_evictable(s, b, layer) || !lb || lb->tier == KVT_TIER_COLD) continue;
+    /* residency first: most blocks are away, and evictable() is a call */
+    if (!lb || lb->tier == KVT_TIER_COLD || !kvt_policy_evictable(s, b, layer)) continue;
     const kvt_bstate *bs = &s->bs[(size_t)b * L + layer];
     /* its mean observed mass: what it has been worth, not one step's noise */
     double m = bs->observed ? bs->mass_sum / bs->observed : 0;
@@ -263,7 +295,12 @@ static size_t strongest(kvt_seq *s, struct kvt_recall *r, uint32_t layer, double
       continue;
     }
     seen++;
-    cand x = {.bound = sketch_bound(r, sh, sk, cut), .i = i++};
+    /* once c is full, a sketch must beat its last too: its bound is not
+     * summed when even the best head cannot (with a margin for rounding,
+     * so that the choice is the one the full sum would make) */
+    double need = n == max && c[max - 1].bound * (1 - 1e-6) > cut ? c[max - 1].bound * (1 - 1e-6)
+                                                                  : cut;
+    cand x = {.bound = sketch_bound(r, sh, sk, need), .i = i++};
     if (x.bound <= cut) continue; /* cannot be recalled this step */
     size_t j = n < max ? n++ : max;
     if (j == max && x.bound <= c[max - 1].bound) continue;
@@ -328,7 +365,7 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
         drop[a] = drop[b];
         drop[b] = t;
       }
-  for (size_t a = 0; a < nd; a++) sketch_drop(e, r, drop[a]);
+  for (size_t a = 0; a < nd; a++) sketch_drop(r, drop[a]);
   /* the weakest make room now: the budget holds while the reads run */
   for (size_t a = 0; a < j; a++) kvt_policy_evict_locked(s, vb[a], layer);
   return marked;
@@ -450,9 +487,11 @@ void kvt_recall_free_locked(kvt_seq *s) {
   kvt_engine *e = s->e;
   for (uint32_t l = 0; l < r->L; l++)
     if (r->pending[l]) kvt_load_free_locked(r->pending[l]); /* clears the slot */
-  while (r->n) sketch_drop(e, r, r->n - 1);
+  size_t vb = (size_t)r->vec * sizeof(float);
   kvt_mem_free(&e->mem, KVT_MEM_SEQ, r->sk, r->cap * sizeof *r->sk);
-  count_bytes(e, -(int64_t)(r->cap * sizeof *r->sk));
+  kvt_mem_free(&e->mem, KVT_MEM_SEQ, r->mm, r->cap * vb);
+  count_bytes(e, -(int64_t)(r->cap * (sizeof *r->sk + vb)));
+  r->n = 0;
   uint32_t D = s->ns->desc.shape.head_dim;
   size_t qb = (size_t)r->L * r->q_cap * (D + 1) * sizeof(float);
   kvt_mem_free(&e->mem, KVT_MEM_SEQ, r->q, qb);
