@@ -125,6 +125,7 @@ void plan_usage(FILE *f)
              "capacity, from the trace's future) beside both: gap_closed is the share of the\n"
              "LRU-to-optimum gap the policy closes. Guide: docs/capacity-planning.md.\n\n");
   cli_print_opts(f, o, PLAN_N_OPTS);
+  plan_fleet_usage(f);
   fprintf(f, "\nbuilt-in models:\n");
   plan_model_list(f);
 }
@@ -156,7 +157,7 @@ static int parse_num(const char *opt, const char *s, double def, double lo, doub
 }
 
 /* "inf", or a token count with an optional K, M or G (decimal) suffix. */
-static int parse_tokens(const char *s, uint64_t *out)
+int parse_tokens(const char *s, uint64_t *out)
 {
   if (strcasecmp(s, "inf") == 0 || strcasecmp(s, "infinity") == 0) {
     *out = CAP_INF;
@@ -221,7 +222,7 @@ static const char *policy_name(int p)
 
 /* Fold the layers into as few as the limits allow (one, for every model in
  * the table): a largest divisor g of n_layers with n_kv_heads * g heads. */
-static int fold_shape(const plan_model *m, kvt_shape *s)
+int fold_shape(const plan_model *m, kvt_shape *s)
 {
   for (uint32_t g = m->n_layers; g >= 1; g--) {
     if (m->n_layers % g) continue;
@@ -374,7 +375,7 @@ static int sim_open(const plan_setup *p, uint64_t cap_tokens, int policy, sim *s
 
 /* The tokens of a request: block i is (its hash id, 0, 0, ...), so equal
  * id chains give equal key chains, as equal prefixes would. */
-static void request_tokens(const plan_trace *t, const plan_req *r, uint32_t *tokens)
+void request_tokens(const plan_trace *t, const plan_req *r, uint32_t *tokens)
 {
   for (uint32_t i = 0; i < r->n_blocks; i++) {
     uint64_t id = t->ids[r->first + i];
@@ -386,7 +387,7 @@ static void request_tokens(const plan_trace *t, const plan_req *r, uint32_t *tok
 }
 
 /* Input tokens of block i of a request of len tokens. */
-static uint64_t block_input(uint32_t i, uint32_t len)
+uint64_t block_input(uint32_t i, uint32_t len)
 {
   uint64_t start = (uint64_t)i * PLAN_BLOCK_TOKENS;
   if (start >= len) return 0;
@@ -941,6 +942,7 @@ int cmd_plan(int argc, char **argv)
   cli_opt o[PLAN_N_OPTS];
   plan_opts(&c, o);
   int help = 0;
+  if (plan_fleet_wanted(argc, argv)) return cmd_plan_fleet(argc, argv); /* plan_fleet.c */
   int rc = cli_parse("plan", argc - 1, argv + 1, o, PLAN_N_OPTS, &help);
   if (rc != CLI_OK) return rc;
   c.output_set = c.output != OUTPUT_UNSET;

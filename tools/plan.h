@@ -64,4 +64,29 @@ int plan_trace_synth(plan_trace *t, uint64_t seed, uint32_t agents, uint32_t ctx
                      uint32_t n_req, uint32_t out);
 void plan_trace_free(plan_trace *t);
 
+/* ---- pieces of plan.c that the fleet mode (plan_fleet.c) shares ------------ */
+
+#define PLAN_CAP_INF UINT64_MAX /* an unbounded capacity */
+
+/* "inf" (PLAN_CAP_INF), or a token count of at least 512 with an optional
+ * K, M or G (decimal) suffix. 0, or -1 when s is neither. */
+int parse_tokens(const char *s, uint64_t *out);
+/* The layers folded into as few as kvtier's limits allow (plan.c's top
+ * comment says why). 0, or -1 when a 512-token block is too large. */
+int fold_shape(const plan_model *m, kvt_shape *s);
+/* The tokens of request r (room for r->n_blocks blocks): block i is (its
+ * hash id, 0, 0, ...), so equal id chains give equal key chains. */
+void request_tokens(const plan_trace *t, const plan_req *r, uint32_t *tokens);
+/* Input tokens of block i of a request of len tokens. */
+uint64_t block_input(uint32_t i, uint32_t len);
+
+/* ---- the fleet mode (plan_fleet.c) -------------------------------------------- */
+
+/* Does argv ask for the fleet mode (--fleet given)? */
+int plan_fleet_wanted(int argc, char **argv);
+/* `kvtier plan --fleet N ...`: a CLI_* status. */
+int cmd_plan_fleet(int argc, char **argv);
+/* Its options, as part of plan's usage. */
+void plan_fleet_usage(FILE *f);
+
 #endif
