@@ -449,7 +449,8 @@ typedef struct fleet_row {
   uint64_t local_cap, remote_cap;
   double local_only, fleet, from_local, from_remote; /* shares of the input tokens */
   uint64_t local_only_tokens, fleet_tokens;
-  double gbps_mean, gbps_p99_1s, gbps_max_1s, gbps_p99_10s;
+  double gbps_mean, gbps_p99_1s, gbps_max_1s, gbps_p99_10s; /* both directions */
+  double read_gbps, write_gbps; /* means: remote hits loaded; new blocks sent */
   uint64_t remote_hits, remote_writes, remote_held, remote_evictions, put_refused;
   uint64_t node_requests[FLEET_MAX_NODES];
 } fleet_row;
@@ -466,6 +467,8 @@ static void row_fill(const fleet_setup *s, int route, uint64_t local_cap, const 
                      .from_remote = (double)f->remote_tokens / in,
                      .local_only_tokens = lo->local_tokens,
                      .fleet_tokens = f->local_tokens + f->remote_tokens, .gbps_mean = bytes / dur / 1e9,
+                     .read_gbps = (double)f->remote_hit_blocks * (double)s->rec_true / dur / 1e9,
+                     .write_gbps = (double)f->remote_write_blocks * (double)s->rec_true / dur / 1e9,
                      .remote_hits = f->remote_hit_blocks, .remote_writes = f->remote_write_blocks,
                      .remote_held = f->pool.held, .remote_evictions = f->pool.evictions,
                      .put_refused = f->put_refused};
@@ -512,24 +515,28 @@ static void print_text(const fleet_setup *s, const fleet_row *rows, size_t n, co
          fmt_bytes(b1, sizeof b1, s->rec_true));
   printf("workload  %s: %zu requests over %.0f s, %.1fM input tokens\n", src, s->t.n,
          s->duration_s, s->t.input_tokens / 1e6);
+  printf("remote    shared by the nodes, least recently used evicted (an ideal allkeys-lru);\n"
+         "          1M tokens of it hold %s of values\n",
+         fmt_bytes(b1, sizeof b1, (uint64_t)(1e6 / PLAN_BLOCK_TOKENS * (double)s->rec_true)));
   printf("fleet     %u nodes, each hot %s, warm %s and the local cold capacity below; session\n"
          "          routing keys on block %u of each request (the %u before it are shared by all)\n\n",
          s->nodes, fmt_bytes(b1, sizeof b1, s->hot_bytes), fmt_bytes(b2, sizeof b2, s->warm_bytes),
          s->session_depth, s->session_depth);
-  printf("  %-7s %6s %6s %10s %7s %7s %7s %7s %9s %8s %8s\n", "route", "local", "remote",
-         "local-only", "fleet", "gain", "local", "remote", "GB/s mean", "p99 1s", "p99 10s");
+  printf("  %-7s %6s %6s %10s %7s %7s %9s %9s %8s %8s\n", "route", "local", "remote",
+         "local-only", "fleet", "gain", "read GB/s", "write", "p99 1s", "p99 10s");
   for (size_t i = 0; i < n; i++) {
     const fleet_row *r = &rows[i];
     fmt_cap(b1, sizeof b1, r->local_cap);
     fmt_cap(b2, sizeof b2, r->remote_cap);
-    printf("  %-7s %6s %6s %9.1f%% %6.1f%% %+6.1f%% %6.1f%% %6.1f%% %9.3f %8.3f %8.3f\n",
+    printf("  %-7s %6s %6s %9.1f%% %6.1f%% %+6.1f%% %9.3f %9.3f %8.3f %8.3f\n",
            route_name(r->route), b1, b2, 100 * r->local_only, 100 * r->fleet,
-           100 * (r->fleet - r->local_only), 100 * r->from_local, 100 * r->from_remote,
-           r->gbps_mean, r->gbps_p99_1s, r->gbps_p99_10s);
+           100 * (r->fleet - r->local_only), r->read_gbps, r->write_gbps, r->gbps_p99_1s,
+           r->gbps_p99_10s);
   }
   printf("\n  local, remote: capacities in tokens, local per node (cold tier), remote shared;\n"
-         "  hit rates token-weighted; local/remote: where the fleet's hits came from; GB/s:\n"
-         "  remote hits loaded plus new blocks written (SET NX), per second of trace time\n");
+         "  hit rates token-weighted; gain: the fleet's hits from the remote tier; read, write:\n"
+         "  mean GB/s of remote hits loaded and of new blocks sent (SET NX), the whole fleet, on\n"
+         "  the trace's clock; p99 1s, 10s: both directions, the 99th percentile window\n");
 }
 
 static void json_cap(uint64_t cap)
@@ -557,11 +564,11 @@ static void print_json(const fleet_setup *s, const fleet_row *rows, size_t n, co
     printf(", \"local_only_hit_tokens\": %" PRIu64 ", \"fleet_hit_tokens\": %" PRIu64,
            r->local_only_tokens, r->fleet_tokens);
     printf(", \"local_only_hit_rate\": %.6f, \"fleet_hit_rate\": %.6f, \"from_local\": %.6f"
-           ", \"from_remote\": %.6f, \"remote_gbps_mean\": %.6f, \"remote_gbps_p99_1s\": %.6f"
+           ", \"from_remote\": %.6f, \"remote_read_gbps_mean\": %.6f, \"remote_write_gbps_mean\": %.6f, \"remote_gbps_mean\": %.6f, \"remote_gbps_p99_1s\": %.6f"
            ", \"remote_gbps_max_1s\": %.6f, \"remote_gbps_p99_10s\": %.6f, \"remote_hit_blocks\": %" PRIu64
            ", \"remote_write_blocks\": %" PRIu64 ", \"remote_held_blocks\": %" PRIu64
            ", \"remote_evictions\": %" PRIu64 ", \"puts_refused\": %" PRIu64 ", \"node_requests\": [",
-           r->local_only, r->fleet, r->from_local, r->from_remote, r->gbps_mean, r->gbps_p99_1s,
+           r->local_only, r->fleet, r->from_local, r->from_remote, r->read_gbps, r->write_gbps, r->gbps_mean, r->gbps_p99_1s,
            r->gbps_max_1s, r->gbps_p99_10s, r->remote_hits, r->remote_writes, r->remote_held,
            r->remote_evictions, r->put_refused);
     for (uint32_t k = 0; k < s->nodes; k++) printf("%s%" PRIu64, k ? ", " : "", r->node_requests[k]);
