@@ -41,7 +41,7 @@ typedef struct kvt_remote_counts {
   uint64_t hits, misses, timeouts, checksum_failures, deleted;
   uint64_t bytes_in, bytes_out;
   uint64_t writes, write_exists, write_dropped, write_failures;
-  uint64_t evictions;     /* values gone that EXISTS had just seen (Redis evicted them) */
+  uint64_t evictions;     /* GETs that found gone a block seen there before (remote.c) */
   uint64_t local_copies;  /* remote hits handed to the local cold tier */
 } kvt_remote_counts;
 
