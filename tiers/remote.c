@@ -464,6 +464,31 @@ int kvt_remote_remove(kvt_remote *r, const kvt_key *key) {
   return st == KVT_RC_OK && c.n > 0 ? 0 : KVT_ENOTFOUND;
 }
 
+uint64_t kvt_remote_remove_many(kvt_remote *r, const kvt_key *keys, size_t n) {
+  enum { DEL_BATCH = 64 };
+  if (r->rdonly) return 0;
+  uint64_t gone = 0;
+  for (size_t i0 = 0; i0 < n; i0 += DEL_BATCH) {
+    size_t m = n - i0 < DEL_BATCH ? n - i0 : DEL_BATCH;
+    kvt_rc_cmd cmd[DEL_BATCH];
+    char k[DEL_BATCH][KVT_REMOTE_KEY_MAX];
+    memset(cmd, 0, sizeof cmd);
+    pthread_mutex_lock(&r->rd_lock);
+    for (size_t i = 0; i < m; i++) {
+      cmd[i] = (kvt_rc_cmd){.op = KVT_RC_DEL, .key = k[i],
+                            .key_len = kvt_remote_block_key(&keys[i0 + i], k[i])};
+      centry *ce = cache_find(r, &keys[i0 + i]);
+      if (ce) cache_drop(r, ce);
+      seen_take(r, &keys[i0 + i]);
+    }
+    int rc = kvt_rc_exec(r->rd, cmd, m);
+    pthread_mutex_unlock(&r->rd_lock);
+    for (size_t i = 0; !rc && i < m; i++) gone += cmd[i].status == KVT_RC_OK && cmd[i].n > 0;
+    kvt_rc_release(cmd, m);
+  }
+  return gone;
+}
+
 /* ---------- namespaces ---------- */
 
 /* The directory is entries 0, 1, ... with no gap (each written once with
