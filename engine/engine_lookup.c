@@ -157,9 +157,14 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
   size_t nd = 0, cap = 0;
   if (last) rc = descendants(e, last, &d, &nd, &cap);
   uint64_t count = 0;
+  /* Descendants durable in the store, for one that cannot find them
+   * itself (a diskless remote tier); best effort without memory. */
+  kvt_key *also = nd && kvt_store_any(e) ? kvt_mem_alloc(&e->mem, KVT_MEM_OTHER, nd * sizeof *also) : NULL;
+  size_t n_also = 0;
   if (!rc) {
     for (size_t i = 0; i < nd; i++) {
       count += !d[i]->cold;
+      if (also && d[i]->cold) also[n_also++] = d[i]->key;
       kvt_drop_tblk(e, d[i]);
     }
     kvt_mem_free(&e->mem, KVT_MEM_OTHER, d, cap * sizeof *d);
@@ -175,6 +180,8 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
     }
   }
   pthread_mutex_unlock(&e->lock);
+  if (!rc && n_also) count += kvt_store_drop_also(e->store, also, n_also);
+  kvt_mem_free(&e->mem, KVT_MEM_OTHER, also, nd * sizeof *also);
   if (!rc && kvt_store_any(e)) { /* the last block and all that extends it, durably */
     uint64_t cold_n = 0;
     rc = kvt_store_drop(e->store, &seed, &cur, (uint32_t)(n - 1), &cold_n);

@@ -16,7 +16,8 @@ int kvt_remote_stats_get(kvt_engine *e, kvt_remote_stats *st) {
                           .deleted = c.deleted, .bytes_in = c.bytes_in, .bytes_out = c.bytes_out,
                           .writes = c.writes, .write_exists = c.write_exists,
                           .write_dropped = c.write_dropped, .write_failures = c.write_failures,
-                          .local_copies = c.local_copies};
+                          .local_copies = c.local_copies,
+                          .evictions_noticed = c.evictions};
   size_t n = st->size < sizeof out ? st->size : sizeof out;
   memcpy(st, &out, n);
   return 0;

@@ -334,6 +334,18 @@ int kvt_flush_has_locked(kvt_engine *e, const kvt_key *key) {
   return e->store && kvt_store_find(e->store, key) == 0;
 }
 
+/* The store's copies (remote hits into the local tier) are admitted under
+ * their namespace; called from the flusher's store calls, lock not held. */
+static uint32_t ns_of_seed(void *arg, const kvt_key *seed) {
+  kvt_engine *e = arg;
+  uint32_t id = 0;
+  pthread_mutex_lock(&e->lock);
+  for (uint32_t i = 0; i < e->n_ns && !id; i++)
+    if (e->ns[i] && kvt_key_eq(&e->ns[i]->seed, seed)) id = e->ns[i]->id;
+  pthread_mutex_unlock(&e->lock);
+  return id;
+}
+
 int kvt_flush_start(kvt_engine *e) {
   if (!e->store) return 0;
   if (kvt_store_caps(e->store) & KVT_STORE_INLINE) {
@@ -346,6 +358,7 @@ int kvt_flush_start(kvt_engine *e) {
     h.keep = keep_block;
     h.lost = lost_block;
     h.backlog = &e->cold_backlog;
+    h.ns_of = ns_of_seed;
   }
   kvt_store_set_hooks(e->store, &h);
   if (kvt_rdonly(e)) return 0;

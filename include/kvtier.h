@@ -1351,6 +1351,10 @@ typedef struct kvt_remote_stats {
   uint64_t write_dropped;     /**< blocks not written: the write queue was full */
   uint64_t write_failures;    /**< blocks not written: node down, out of memory */
   uint64_t local_copies;      /**< remote hits written to the local cold tier */
+  uint64_t evictions_noticed; /**< of the misses, blocks this process had seen in the
+                                   cluster (EXISTS, its own write, a read) and then
+                                   found gone: evicted by maxmemory-policy (or deleted
+                                   by another process) */
 } kvt_remote_stats;
 
 /** The remote tier's counters into *st (st->size set by the caller;

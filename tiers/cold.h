@@ -196,6 +196,10 @@ int kvt_cold_remove(kvt_cold *c, const kvt_key *key);
  * *dropped (may be NULL) receives how many. 0 or -errno/KVT_E*. */
 int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
                   uint64_t *dropped);
+/* kvt_cold_drop that first hands the keys it is about to remove to
+ * each(arg, keys, n) (each may be NULL): a tier above mirrors the drop. */
+int kvt_cold_drop_each(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                       uint64_t *dropped, void (*each)(void *, const kvt_key *, size_t), void *arg);
 
 void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st);
 

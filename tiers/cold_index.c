@@ -571,11 +571,17 @@ static int drop_collect(kvt_cold *c, const kvt_key *seed, const kvt_key *root, u
 
 int kvt_cold_drop(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
                   uint64_t *dropped) {
+  return kvt_cold_drop_each(c, seed, root, root_pos, dropped, NULL, NULL);
+}
+
+int kvt_cold_drop_each(kvt_cold *c, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                       uint64_t *dropped, void (*each)(void *, const kvt_key *, size_t), void *arg) {
   if (dropped) *dropped = 0;
   if (c->cfg.rdonly) return KVT_ERDONLY;
   kvt_key *keys;
   size_t n, cap;
   int rc = drop_collect(c, seed, root, root_pos, &keys, &n, &cap);
+  if (!rc && each && n) each(arg, keys, n);
   if (!rc) rc = cold_remove_keys(c, keys, n, root ? NULL : seed, dropped);
   cold_vec_free(c, keys, cap, sizeof *keys);
   return rc;

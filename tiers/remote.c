@@ -23,6 +23,13 @@
 #define READ_BATCH 16u               /* GETs per pipeline of a batch of reads */
 #define CACHE_BYTES (64u << 20)
 #define QUEUE_BYTES_DEFAULT (64u << 20)
+/* Blocks this process saw in the cluster (EXISTS said so, it stored them,
+ * it read them), one fingerprint each in a 4-way set: a GET that then
+ * finds one of them gone has noticed an eviction (maxmemory-policy)
+ * rather than a plain miss. A full set forgets one: undercounted, never
+ * invented. 128 KiB. */
+#define SEEN_N 16384u
+#define SEEN_WAYS 4u
 
 typedef struct wjob {
   struct wjob *next;
@@ -57,7 +64,43 @@ struct kvt_remote {
   int busy, stop, writer_on;
   pthread_t writer;
   kvt_remote_counts n;
+  uint64_t *seen;             /* [SEEN_N] fingerprints, atomics; 0 empty */
 };
+
+/* ---------- blocks seen in the cluster ---------- */
+
+/* A block key is a hash: its first half is the fingerprint (never 0), its
+ * second picks the set. */
+static uint64_t *seen_set(kvt_remote *r, const kvt_key *k, uint64_t *fp) {
+  uint64_t a, b;
+  memcpy(&a, k->b, 8);
+  memcpy(&b, k->b + 8, 8);
+  *fp = a | 1;
+  return &r->seen[(b % (SEEN_N / SEEN_WAYS)) * SEEN_WAYS];
+}
+
+static void seen_mark(kvt_remote *r, const kvt_key *k) {
+  uint64_t fp, *set = seen_set(r, k, &fp);
+  for (unsigned w = 0; w < SEEN_WAYS; w++)
+    if (__atomic_load_n(&set[w], __ATOMIC_RELAXED) == fp) return;
+  for (unsigned w = 0; w < SEEN_WAYS; w++) {
+    uint64_t empty = 0;
+    if (__atomic_compare_exchange_n(&set[w], &empty, fp, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return;
+  }
+  __atomic_store_n(&set[(fp >> 32) % SEEN_WAYS], fp, __ATOMIC_RELAXED); /* full: one goes */
+}
+
+/* Forget k; 1 if it was there. */
+static int seen_take(kvt_remote *r, const kvt_key *k) {
+  uint64_t fp, *set = seen_set(r, k, &fp);
+  for (unsigned w = 0; w < SEEN_WAYS; w++) {
+    uint64_t want = fp;
+    if (__atomic_compare_exchange_n(&set[w], &want, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+      return 1;
+  }
+  return 0;
+}
 
 static void count(kvt_remote *r, uint64_t *field, uint64_t by) {
   pthread_mutex_lock(&r->q_lock);
@@ -96,6 +139,8 @@ static void write_batch(kvt_remote *r, wjob **jobs, size_t n) {
     default: d.write_failures++; break;       /* OOM under noeviction, too big */
     }
   }
+  for (size_t i = 0; i < n; i++)
+    if (rc[i] == 0) seen_mark(r, &jobs[i]->key);
   kvt_rc_release(cmd, n);
   pthread_mutex_lock(&r->q_lock);
   r->n.writes += d.writes, r->n.bytes_out += d.bytes_out, r->n.write_exists += d.write_exists;
@@ -214,7 +259,8 @@ size_t kvt_remote_prefix(kvt_remote *r, const kvt_key *keys, size_t n) {
     pthread_mutex_unlock(&r->rd_lock);
     uint64_t timeouts = 0;
     for (size_t i = 0; !rc && i < m; i++) timeouts += cmd[i].status == KVT_RC_UNAVAILABLE;
-    while (!rc && lead < m && cmd[lead].status == KVT_RC_OK && cmd[lead].n == 1) lead++;
+    while (!rc && lead < m && cmd[lead].status == KVT_RC_OK && cmd[lead].n == 1)
+      seen_mark(r, &keys[found + lead++]);
     if (timeouts) count(r, &r->n.timeouts, timeouts);
     found += lead;
     if (rc || lead < m) break;
@@ -290,8 +336,14 @@ static int get_locked(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *le
   }
   size_t got = st == KVT_RC_OK ? c.out_len : 0;
   kvt_rc_release(&c, 1);
-  if (bad) bad_value(r, k, c.key_len);
+  if (bad) {
+    seen_take(r, key);
+    bad_value(r, k, c.key_len);
+  }
+  if (rc == 0) seen_mark(r, key);
+  int evicted = st == KVT_RC_NIL && seen_take(r, key);
   pthread_mutex_lock(&r->q_lock);
+  r->n.evictions += evicted;
   r->n.hits += rc == 0;
   r->n.misses += rc != 0;
   r->n.timeouts += st == KVT_RC_UNAVAILABLE;
@@ -355,15 +407,22 @@ static void get_batch_locked(kvt_remote *r, const kvt_key *keys, size_t n, kvt_r
     kvt_cold_entry e;
     int ok = !rc && cmd[i].status == KVT_RC_OK;
     int good = ok && kvt_remote_check(&keys[i], cmd[i].out, cmd[i].out_len, &e, sl) == 0;
-    if (good) fn(arg, &keys[i], cmd[i].out, cmd[i].out_len, &e, sl);
-    if (ok && !good) bad_value(r, k[i], cmd[i].key_len);
+    if (good) {
+      fn(arg, &keys[i], cmd[i].out, cmd[i].out_len, &e, sl);
+      seen_mark(r, &keys[i]);
+    }
+    if (ok && !good) {
+      seen_take(r, &keys[i]);
+      bad_value(r, k[i], cmd[i].key_len);
+    }
+    d.evictions += !rc && cmd[i].status == KVT_RC_NIL && seen_take(r, &keys[i]);
     d.hits += good, d.misses += !good, d.bytes_in += ok ? cmd[i].out_len : 0;
     d.timeouts += !rc && cmd[i].status == KVT_RC_UNAVAILABLE;
   }
   kvt_rc_release(cmd, n);
   pthread_mutex_lock(&r->q_lock);
   r->n.hits += d.hits, r->n.misses += d.misses, r->n.bytes_in += d.bytes_in;
-  r->n.timeouts += d.timeouts;
+  r->n.timeouts += d.timeouts, r->n.evictions += d.evictions;
   pthread_mutex_unlock(&r->q_lock);
 }
 
@@ -399,9 +458,35 @@ int kvt_remote_remove(kvt_remote *r, const kvt_key *key) {
   pthread_mutex_lock(&r->rd_lock);
   centry *ce = cache_find(r, key);
   if (ce) cache_drop(r, ce);
+  seen_take(r, key); /* gone by our hand: a later miss is no eviction */
   kvt_rc_status st = rd_exec(r, &c, 1);
   pthread_mutex_unlock(&r->rd_lock);
   return st == KVT_RC_OK && c.n > 0 ? 0 : KVT_ENOTFOUND;
+}
+
+uint64_t kvt_remote_remove_many(kvt_remote *r, const kvt_key *keys, size_t n) {
+  enum { DEL_BATCH = 64 };
+  if (r->rdonly) return 0;
+  uint64_t gone = 0;
+  for (size_t i0 = 0; i0 < n; i0 += DEL_BATCH) {
+    size_t m = n - i0 < DEL_BATCH ? n - i0 : DEL_BATCH;
+    kvt_rc_cmd cmd[DEL_BATCH];
+    char k[DEL_BATCH][KVT_REMOTE_KEY_MAX];
+    memset(cmd, 0, sizeof cmd);
+    pthread_mutex_lock(&r->rd_lock);
+    for (size_t i = 0; i < m; i++) {
+      cmd[i] = (kvt_rc_cmd){.op = KVT_RC_DEL, .key = k[i],
+                            .key_len = kvt_remote_block_key(&keys[i0 + i], k[i])};
+      centry *ce = cache_find(r, &keys[i0 + i]);
+      if (ce) cache_drop(r, ce);
+      seen_take(r, &keys[i0 + i]);
+    }
+    int rc = kvt_rc_exec(r->rd, cmd, m);
+    pthread_mutex_unlock(&r->rd_lock);
+    for (size_t i = 0; !rc && i < m; i++) gone += cmd[i].status == KVT_RC_OK && cmd[i].n > 0;
+    kvt_rc_release(cmd, m);
+  }
+  return gone;
 }
 
 /* ---------- namespaces ---------- */
@@ -520,6 +605,11 @@ int kvt_remote_open(kvt_mem *m, const kvt_remote_cfg *cfg, kvt_remote **out, cha
   r->mem = m;
   r->rdonly = cfg->rdonly;
   r->q_limit = cfg->queue_bytes ? cfg->queue_bytes : QUEUE_BYTES_DEFAULT;
+  r->seen = kvt_mem_calloc(m, KVT_MEM_OTHER, SEEN_N * sizeof *r->seen);
+  if (!r->seen) {
+    kvt_mem_free(m, KVT_MEM_OTHER, r, sizeof *r);
+    return -ENOMEM;
+  }
   pthread_mutex_init(&r->rd_lock, NULL);
   pthread_mutex_init(&r->q_lock, NULL);
   pthread_cond_init(&r->q_cv, NULL);
@@ -552,6 +642,7 @@ void kvt_remote_close(kvt_remote *r) {
   pthread_mutex_destroy(&r->rd_lock);
   pthread_mutex_destroy(&r->q_lock);
   pthread_cond_destroy(&r->q_cv);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, r->seen, SEEN_N * sizeof *r->seen);
   kvt_mem_free(r->mem, KVT_MEM_OTHER, r, sizeof *r);
 }
 

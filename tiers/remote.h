@@ -41,7 +41,7 @@ typedef struct kvt_remote_counts {
   uint64_t hits, misses, timeouts, checksum_failures, deleted;
   uint64_t bytes_in, bytes_out;
   uint64_t writes, write_exists, write_dropped, write_failures;
-  uint64_t evictions;     /* values gone that EXISTS had just seen (Redis evicted them) */
+  uint64_t evictions;     /* GETs that found gone a block seen there before (remote.c) */
   uint64_t local_copies;  /* remote hits handed to the local cold tier */
 } kvt_remote_counts;
 
@@ -91,6 +91,9 @@ typedef void (*kvt_remote_got_fn)(void *arg, const kvt_key *key, const uint8_t *
 void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
                          void *arg);
 int kvt_remote_remove(kvt_remote *r, const kvt_key *key);
+/* DEL keys[0..n), pipelined (batches of 64, each within the deadline);
+ * how many the cluster had. Best effort: an unreachable node keeps its. */
+uint64_t kvt_remote_remove_many(kvt_remote *r, const kvt_key *keys, size_t n);
 
 /* Namespaces in the cluster's directory: put one (already there: 0);
  * call fn for each (stops at its non-zero return). */

@@ -74,6 +74,9 @@ typedef struct kvt_store_hooks {
   void (*evicted)(void *arg, const kvt_key *key); /* key left to make room */
   void (*read_notify)(void *arg);                 /* a read batch finished */
   const int *backlog;          /* atomic, may be NULL: the writer has more work behind */
+  /* The owner's id of the namespace with this seed, 0 unknown (may be
+   * NULL): a block the store copies on its own is admitted under it. */
+  uint32_t (*ns_of)(void *arg, const kvt_key *seed);
 } kvt_store_hooks;
 
 /* Everything a store may be opened with; each implementation reads what
@@ -147,6 +150,15 @@ typedef struct kvt_store_methods {
   void (*hists)(void *impl, struct kvt_hist *read, struct kvt_hist *commit);
   int (*verify)(void *impl, int repair, uint64_t *checked, uint64_t *bad,
                 void (*report)(void *, const kvt_key *, const char *), void *arg);
+  /* drop, handing each(arg, keys, n) the keys it removes first (the
+   * remote tier mirrors a local drop in the cluster). */
+  int (*drop_each)(void *impl, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                   uint64_t *dropped, void (*each)(void *, const kvt_key *, size_t), void *arg);
+  /* Blocks durable here that the owner knows a drop of root reaches (its
+   * RAM index): a store that cannot enumerate what extends root (a
+   * diskless remote tier) removes them too. Best effort, called before
+   * drop; returns how many it removed that drop will not count. */
+  uint64_t (*drop_also)(void *impl, const kvt_key *keys, size_t n);
 } kvt_store_methods;
 
 struct kvt_store {
@@ -249,6 +261,18 @@ static inline int kvt_store_drop(kvt_store *s, const kvt_key *seed, const kvt_ke
                                  uint32_t root_pos, uint64_t *dropped) {
   if (dropped) *dropped = 0;
   return s->m->drop ? s->m->drop(s->impl, seed, root, root_pos, dropped) : 0;
+}
+/* kvt_store_drop telling each(arg, keys, n) what it removes, when the
+ * store can (else a plain drop, each not called). */
+static inline int kvt_store_drop_each(kvt_store *s, const kvt_key *seed, const kvt_key *root,
+                                      uint32_t root_pos, uint64_t *dropped,
+                                      void (*each)(void *, const kvt_key *, size_t), void *arg) {
+  if (!s->m->drop_each) return kvt_store_drop(s, seed, root, root_pos, dropped);
+  if (dropped) *dropped = 0;
+  return s->m->drop_each(s->impl, seed, root, root_pos, dropped, each, arg);
+}
+static inline uint64_t kvt_store_drop_also(kvt_store *s, const kvt_key *keys, size_t n) {
+  return s->m->drop_also && n ? s->m->drop_also(s->impl, keys, n) : 0;
 }
 static inline void kvt_store_stats_get(kvt_store *s, kvt_store_stats *st) {
   s->m->stats(s->impl, st);

@@ -72,6 +72,12 @@ static int disk_drop(void *impl, const kvt_key *seed, const kvt_key *root, uint3
   return kvt_cold_drop(impl, seed, root, root_pos, dropped);
 }
 
+static int disk_drop_each(void *impl, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
+                          uint64_t *dropped, void (*each)(void *, const kvt_key *, size_t),
+                          void *arg) {
+  return kvt_cold_drop_each(impl, seed, root, root_pos, dropped, each, arg);
+}
+
 static void disk_stats(void *impl, kvt_store_stats *st) { kvt_cold_stats_get(impl, st); }
 
 static void disk_hists(void *impl, struct kvt_hist *read, struct kvt_hist *commit) {
@@ -90,7 +96,8 @@ static const kvt_store_methods disk_methods = {
     .wait_stage = disk_wait_stage, .evict_for = disk_evict_for, .drain = disk_drain,
     .find = disk_find, .prefix = disk_prefix, .read_layer = disk_read_layer,
     .read_submit = disk_read_submit, .remove = disk_remove, .drop = disk_drop,
-    .stats = disk_stats, .hists = disk_hists, .verify = disk_verify};
+    .stats = disk_stats, .hists = disk_hists, .verify = disk_verify,
+    .drop_each = disk_drop_each};
 
 /* A writer has a cold tier when it is given a limit; a reader opens the
  * one the store has, so stat and fsck work beside a live writer. */

@@ -82,6 +82,11 @@ static int copy_rec(const copy *c, kvt_store_rec *rec, const uint8_t **ptrs, kvt
   return 0;
 }
 
+/* The owner's namespace id of seed (0 without the hook: unknown). */
+static uint32_t copy_ns(rstore *s, const kvt_key *seed) {
+  return s->hooks.ns_of ? s->hooks.ns_of(s->hooks.arg, seed) : 0;
+}
+
 /* On the flusher's thread: admitted copies go to the local tier. The
  * local post copies the bytes into its own buffers before it returns. */
 static void copies_write(rstore *s) {
@@ -99,7 +104,7 @@ static void copies_write(rstore *s) {
     kvt_store_rec rec;
     size_t posted;
     if (sl && ptrs && !copy_rec(&cp[i], &rec, ptrs, sl) &&
-        kvt_store_admit(s->local, &rec.key, &rec.parent, rec.pos, 0, cp[i].len)) {
+        kvt_store_admit(s->local, &rec.key, &rec.parent, rec.pos, copy_ns(s, &rec.ns_seed), cp[i].len)) {
       if (kvt_store_post(s->local, &rec, 1, &posted, NULL, NULL) == 0 && posted)
         __atomic_add_fetch(&s->copies, 1, __ATOMIC_RELAXED);
     }
@@ -368,15 +373,54 @@ static int rs_remove(void *impl, const kvt_key *key) {
   return rc == 0 || rrc == 0 ? 0 : rc;
 }
 
-/* Drops are local, but for the root itself: the cluster's blocks are
- * shared with other processes and are not enumerated (Redis evicts them). */
+/* Keys a drop removes, gathered for the cluster. */
+typedef struct keyvec {
+  kvt_mem *mem;
+  kvt_key *k;
+  size_t n, cap;
+  int oom;
+} keyvec;
+
+static void keys_add(void *arg, const kvt_key *keys, size_t n) {
+  keyvec *v = arg;
+  if (v->n + n > v->cap) {
+    size_t cap = (v->n + n) * 2;
+    kvt_key *k = kvt_mem_alloc(v->mem, KVT_MEM_OTHER, cap * sizeof *k);
+    if (!k) {
+      v->oom = 1;
+      return;
+    }
+    if (v->n) memcpy(k, v->k, v->n * sizeof *k);
+    kvt_mem_free(v->mem, KVT_MEM_OTHER, v->k, v->cap * sizeof *k);
+    v->k = k;
+    v->cap = cap;
+  }
+  memcpy(v->k + v->n, keys, n * sizeof *keys);
+  v->n += n;
+}
+
+/* A prefix drop (root set) removes from the cluster what it removes
+ * locally - root and every block the local tier has that extends it -
+ * with pipelined DELs. (The cluster cannot say which blocks extend root:
+ * a diskless engine names the ones it knows through drop_also.) A
+ * namespace drop (root NULL) stays local: other processes share it. */
 static int rs_drop(void *impl, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
                    uint64_t *dropped) {
   rstore *s = impl;
-  int rc = s->local ? kvt_store_drop(s->local, seed, root, root_pos, dropped) : 0;
-  if (root && !s->rdonly && kvt_remote_remove(s->r, root) == 0 && !s->local && dropped)
-    (*dropped)++;
+  if (!root || s->rdonly) return s->local ? kvt_store_drop(s->local, seed, root, root_pos, dropped) : 0;
+  keyvec v = {.mem = s->mem};
+  keys_add(&v, root, 1);
+  int rc = s->local ? kvt_store_drop_each(s->local, seed, root, root_pos, dropped, keys_add, &v) : 0;
+  uint64_t gone = v.n ? kvt_remote_remove_many(s->r, v.k, v.n) : 0;
+  if (!s->local && dropped) *dropped += gone;
+  kvt_mem_free(s->mem, KVT_MEM_OTHER, v.k, v.cap * sizeof *v.k);
   return rc;
+}
+
+static uint64_t rs_drop_also(void *impl, const kvt_key *keys, size_t n) {
+  rstore *s = impl;
+  if (s->local || s->rdonly) return 0; /* the local drop names them (drop_each) */
+  return kvt_remote_remove_many(s->r, keys, n);
 }
 
 static void rs_stats(void *impl, kvt_store_stats *st) {
@@ -406,7 +450,7 @@ static const kvt_store_methods remote_methods = {
     .wait_stage = rs_wait_stage, .evict_for = rs_evict_for, .drain = rs_drain,
     .find = rs_find, .prefix = rs_prefix, .read_layer = rs_read_layer,
     .read_submit = rs_read_submit, .remove = rs_remove, .drop = rs_drop,
-    .stats = rs_stats, .hists = rs_hists, .verify = rs_verify};
+    .stats = rs_stats, .hists = rs_hists, .verify = rs_verify, .drop_also = rs_drop_also};
 
 static int rs_wants(const kvt_store_config *cfg) { return cfg->remote_url != NULL; }
 

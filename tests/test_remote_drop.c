@@ -1,0 +1,225 @@
+/* test_remote_drop.c - the remote tier's bookkeeping against the ctest
+ * fixture's Redis Cluster: a prefix drop removes from the cluster the
+ * root and every block that extends it (with a local cold tier after a
+ * reopen, and diskless), not a sibling chain; a remote hit copied into
+ * the local tier is admitted under its own namespace. Skips (77) without
+ * redis-server. */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/key.h"
+#include "base/mem.h"
+#include "io/rcluster.h"
+#include "rc_util.h"
+#include "tiers/remote.h"
+#include "tiers/store.h"
+
+#define NB 8
+#define CUT 3 /* the drop names the first CUT blocks */
+
+static char g_url[128];
+
+/* ------------------------------------------------------------ drops */
+
+typedef struct chain {
+  char model[64];
+  kvt_shape sh;
+  uint64_t salt;
+  uint32_t a[NB * 4], b[NB * 4]; /* two chains of one namespace, no block shared */
+} chain;
+
+static void chain_init(chain *c, const char *what) {
+  snprintf(c->model, sizeof c->model, "drop-%s-%llx", what, (unsigned long long)tu_rand());
+  c->sh = tu_shape_small(KVT_F16);
+  c->salt = tu_salt(c->model);
+  for (size_t i = 0; i < NB * 4; i++) {
+    c->a[i] = (uint32_t)tu_below(50000);
+    c->b[i] = 50000 + (uint32_t)tu_below(50000);
+  }
+}
+
+static kvt_engine *open_remote(const char *dir, uint64_t cold) {
+  kvt_options o;
+  tu_opts(&o);
+  o.tier_bytes_limit[KVT_TIER_COLD] = cold;
+  kvt_remote_options ro = {.size = sizeof ro, .url = g_url, .deadline_ms = 20000};
+  kvt_engine *e = NULL;
+  kvt_error_info info;
+  int rc = kvt_engine_open_remote(dir, &o, &ro, &e, &info);
+  if (rc) fprintf(stderr, "open: %s\n", info.message);
+  assert_int_equal(rc, 0);
+  return e;
+}
+
+static void put_chain(kvt_engine *e, kvt_ns_id ns, const chain *c, const uint32_t *tok) {
+  kvt_seq *s;
+  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
+  tu_kv kv;
+  tu_kv_alloc(&kv, &c->sh);
+  for (uint32_t b = 0; b < NB; b++) tu_append_put(s, &c->sh, c->salt, tok + 4 * b, &kv);
+  kvt_seq_release(s);
+  tu_kv_free(&kv);
+}
+
+/* How many of the chain's blocks the cluster holds (EXISTS, own client). */
+static int in_cluster(const kvt_key *keys) {
+  kvt_rc_config cfg = {.url = g_url, .deadline_ms = 20000, .command_timeout_ms = 10000};
+  kvt_rc *rc;
+  assert_int_equal(kvt_rc_open(&cfg, &rc, NULL, 0), 0);
+  kvt_rc_cmd c[NB];
+  char k[NB][KVT_REMOTE_KEY_MAX];
+  memset(c, 0, sizeof c);
+  for (int i = 0; i < NB; i++)
+    c[i] = (kvt_rc_cmd){.op = KVT_RC_EXISTS, .key = k[i], .key_len = kvt_remote_block_key(&keys[i], k[i])};
+  assert_int_equal(kvt_rc_exec(rc, c, NB), 0);
+  int n = 0;
+  for (int i = 0; i < NB; i++) {
+    assert_int_equal(c[i].status, KVT_RC_OK);
+    n += c[i].n == 1;
+  }
+  kvt_rc_close(rc);
+  return n;
+}
+
+static void keys_of(kvt_engine *e, kvt_ns_id ns, const uint32_t *tok, kvt_key *keys) {
+  kvt_lookup_entry ent[NB];
+  size_t found;
+  assert_int_equal(kvt_lookup(e, ns, tok, NB * 4, ent, NB, &found), 0);
+  assert_int_equal(found, NB);
+  for (int i = 0; i < NB; i++) keys[i] = ent[i].key;
+}
+
+/* Write chains a and b, then drop a's first CUT blocks: all of a leaves
+ * the cluster, b stays. cold: the local tier's limit (0: diskless);
+ * reopen: drop from a fresh engine, so only the local tier knows the
+ * blocks that extend the cut. */
+static void drop_case(uint64_t cold, int reopen) {
+  chain c;
+  chain_init(&c, cold ? "cold" : "diskless");
+  char *d = tu_tmpdir();
+  kvt_engine *e = open_remote(d, cold);
+  kvt_ns_id ns = tu_register(e, c.model, &c.sh);
+  put_chain(e, ns, &c, c.a);
+  put_chain(e, ns, &c, c.b);
+  assert_int_equal(kvt_sync(e), 0);
+  kvt_key ka[NB], kb[NB];
+  keys_of(e, ns, c.a, ka);
+  keys_of(e, ns, c.b, kb);
+  if (reopen) {
+    kvt_engine_close(e);
+    e = open_remote(d, cold);
+    ns = tu_register(e, c.model, &c.sh);
+  }
+  assert_int_equal(in_cluster(ka), NB);
+  assert_int_equal(in_cluster(kb), NB);
+  uint64_t dropped = 0;
+  assert_int_equal(kvt_drop_prefix(e, ns, c.a, CUT * 4, &dropped), 0);
+  assert_int_equal(in_cluster(ka), 0); /* the cut, its root and all that extends it */
+  assert_int_equal(in_cluster(kb), NB);
+  assert_int_equal(dropped, NB);
+  size_t found = 1;
+  kvt_lookup_entry ent[NB];
+  assert_int_equal(kvt_lookup(e, ns, c.a, NB * 4, ent, NB, &found), 0);
+  assert_int_equal(found, 0);
+  assert_int_equal(kvt_lookup(e, ns, c.b, NB * 4, ent, NB, &found), 0);
+  assert_int_equal(found, NB);
+  kvt_engine_close(e);
+  tu_rmtree(d);
+}
+
+static void test_drop_cold_reopened(void **state) {
+  (void)state;
+  drop_case(256ull << 20, 1);
+}
+
+static void test_drop_diskless(void **state) {
+  (void)state;
+  drop_case(0, 0);
+}
+
+/* ------------------------------------------------------------ copies */
+
+#define NL 3
+#define EACH 6000
+
+typedef struct ns_probe {
+  kvt_key seed[8];
+  int n;
+} ns_probe;
+
+static uint32_t probe_ns_of(void *arg, const kvt_key *seed) {
+  ns_probe *p = arg;
+  if (p->n < 8) p->seed[p->n++] = *seed;
+  return 5;
+}
+
+static kvt_key key_rand(void) {
+  kvt_key k;
+  for (int i = 0; i < 2; i++) {
+    uint64_t x = tu_rand();
+    memcpy(k.b + 8 * i, &x, 8);
+  }
+  return k;
+}
+
+/* A block only the cluster has, read through a store with a local cold
+ * tier: the copy written locally is admitted under the namespace the
+ * owner names for the record's seed (before: namespace 0, unasked). */
+static void test_copy_namespace(void **state) {
+  (void)state;
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  static uint8_t kv[NL][2 * EACH];
+  const uint8_t *ptr[NL];
+  for (int l = 0; l < NL; l++) {
+    for (size_t i = 0; i < 2 * EACH; i++) kv[l][i] = (uint8_t)tu_rand();
+    ptr[l] = kv[l];
+  }
+  kvt_store_rec rec = {.key = key_rand(), .parent = key_rand(), .ns_seed = key_rand(), .pos = 0,
+                       .n_layers = NL, .dtype = KVT_F16, .bytes_each = EACH, .layers = ptr};
+  /* a diskless writer puts it in the cluster */
+  kvt_store *w = NULL;
+  kvt_store_config wc = {.remote_url = g_url, .remote_deadline_ms = 20000};
+  assert_int_equal(kvt_store_open(&m, &wc, &w), 0);
+  size_t written = 0;
+  assert_int_equal(kvt_store_write(w, &rec, 1, &written), 0);
+  assert_int_equal(written, 1);
+  kvt_store_close(w);
+  /* a store with a local tier reads it: a remote hit, copied locally */
+  char *d = tu_tmpdir();
+  kvt_store_config c = {.dir = d, .bytes_limit = 256ull << 20, .segment_bytes = 64ull << 20,
+                        .group_bytes = 16ull << 20, .zstd_level = 1, .io_depth = 64,
+                        .remote_url = g_url, .remote_deadline_ms = 20000};
+  kvt_store *s = NULL;
+  assert_int_equal(kvt_store_open(&m, &c, &s), 0);
+  ns_probe probe = {0};
+  kvt_store_set_hooks(s, &(kvt_store_hooks){.arg = &probe, .ns_of = probe_ns_of});
+  static uint8_t k[EACH], v[EACH];
+  assert_int_equal(kvt_store_read_layer(s, &rec.key, 1, k, v, EACH), 0);
+  assert_memory_equal(k, kv[1], EACH);
+  assert_memory_equal(v, kv[1] + EACH, EACH);
+  assert_int_equal(kvt_store_drain(s), 0); /* the flusher's turn: copies are written */
+  kvt_remote_counts rc;
+  assert_int_equal(kvt_store_remote_counts(s, &rc, NULL), 0);
+  assert_int_equal(rc.local_copies, 1);
+  assert_int_equal(probe.n, 1);
+  assert_true(kvt_key_eq(&probe.seed[0], &rec.ns_seed));
+  kvt_store_close(s);
+  tu_rmtree(d);
+  assert_int_equal(kvt_mem_total(&m), 0);
+  kvt_mem_fini(&m);
+}
+
+int main(void) {
+  rcu_require_redis();
+  snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", rcu_base_port(7100));
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_drop_cold_reopened),
+      cmocka_unit_test(test_drop_diskless),
+      cmocka_unit_test(test_copy_namespace),
+  };
+  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
+}
