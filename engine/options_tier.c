@@ -35,6 +35,10 @@ int kvt_tier_options_check(uint32_t tier, const kvt_tier_options *t, kvt_error_i
  * It stays this value when fields are appended. */
 #define TIER_OPTIONS_V1 (offsetof(kvt_tier_options, load_latency_us) + sizeof(double))
 
+/* The most a caller may pass to set: far above any version of the
+ * struct, so a size read from garbage is refused before the tail is read. */
+#define TIER_OPTIONS_MAX 4096u
+
 /* 1 when every byte of the caller's struct past the library's is 0. */
 static int tail_zero(const kvt_tier_options *to, size_t size) {
   const unsigned char *p = (const unsigned char *)to;
@@ -47,7 +51,7 @@ int kvt_options_tier_set(kvt_options *opt, uint32_t tier, const kvt_tier_options
   if (!opt || !to) return KVT_ENULL;
   if (!tier_known(tier)) return KVT_ENOTFOUND;
   if (size < TIER_OPTIONS_V1) return KVT_EBUFSIZE;
-  if (to->size != size || !tail_zero(to, size)) return KVT_EOPTION;
+  if (size > TIER_OPTIONS_MAX || to->size != size || !tail_zero(to, size)) return KVT_EOPTION;
   kvt_tier_options t = {0};
   memcpy(&t, to, size < sizeof t ? size : sizeof t);
   int rc = kvt_tier_options_check(tier, &t, NULL, "kvt_options_tier_set");

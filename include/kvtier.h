@@ -480,8 +480,8 @@ typedef struct kvt_tier_options {
  * @return 0; KVT_ENULL (opt or to); KVT_ENOTFOUND (no tier with that id
  *   in this library: KVT_TIER_NONE, or an id it does not know);
  *   KVT_EBUFSIZE (size below the first kvt_tier_options' size);
- *   KVT_EOPTION (to->size differs from size, a nonzero byte past this
- *   library's struct, load_gbps not finite and > 0, load_latency_us not
+ *   KVT_EOPTION (size above 4096, to->size differs from size, a nonzero
+ *   byte past this library's struct, load_gbps not finite and > 0, load_latency_us not
  *   finite and >= 0). */
 int kvt_options_tier_set(kvt_options *opt, uint32_t tier, const kvt_tier_options *to, size_t size);
 

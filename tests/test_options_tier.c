@@ -100,6 +100,12 @@ static void test_set_refusals(void **state) {
   big[sizeof t + 3] = 1;
   assert_int_equal(kvt_options_tier_set(&o, KVT_TIER_HOT, (kvt_tier_options *)big, sizeof big),
                    KVT_EOPTION);
+  /* A size past any struct's (4096 bytes): refused before its tail is read. */
+  static unsigned char huge[8192];
+  t.size = sizeof huge;
+  memcpy(huge, &t, sizeof t);
+  assert_int_equal(kvt_options_tier_set(&o, KVT_TIER_HOT, (kvt_tier_options *)huge, sizeof huge),
+                   KVT_EOPTION);
   assert_int_equal(kvt_options_tier_set(NULL, KVT_TIER_HOT, &t, sizeof t), KVT_ENULL);
   assert_int_equal(kvt_options_tier_set(&o, KVT_TIER_HOT, NULL, sizeof t), KVT_ENULL);
   assert_memory_equal(&o, &before, sizeof o);
