@@ -14,6 +14,7 @@
 
 #include "engine/internal.h"
 #include "codec/codec.h"
+#include "engine/options_tier.h"
 
 /* ---------- options ---------- */
 
@@ -50,11 +51,6 @@ void kvt_options_init(kvt_options *opt) {
   kvt_err_fill(info, KVT_EOPTION, "kvt_engine_open", (field), (expected), __VA_ARGS__)
 
 static int options_check(const kvt_options *o, kvt_error_info *info) {
-  static const char *const gbps[KVT_N_TIERS] = {"", "tier_load_gbps[HOT]", "tier_load_gbps[WARM]",
-                                                "tier_load_gbps[COLD]"};
-  static const char *const lat[KVT_N_TIERS] = {"", "tier_load_latency_us[HOT]",
-                                               "tier_load_latency_us[WARM]",
-                                               "tier_load_latency_us[COLD]"};
   if (o->flags & ~KVT_OPEN_ALL) return OPT_BAD("flags", "only KVT_OPEN_* bits", "0x%x", o->flags);
   if (o->max_seqs == 0 || o->max_seqs > (1u << 24))
     return OPT_BAD("max_seqs", "1..16777216", "%u", o->max_seqs);
@@ -64,11 +60,13 @@ static int options_check(const kvt_options *o, kvt_error_info *info) {
     return OPT_BAD("max_seq_blocks", "1..268435456", "%u", o->max_seq_blocks);
   if (o->max_load_reqs == 0 || o->max_load_reqs > (1u << 24))
     return OPT_BAD("max_load_reqs", "1..16777216", "%u", o->max_load_reqs);
-  for (int i = 1; i < KVT_N_TIERS; i++) {
-    if (!(o->tier_load_gbps[i] > 0) || !isfinite(o->tier_load_gbps[i]))
-      return OPT_BAD(gbps[i], "finite and > 0", "%g", o->tier_load_gbps[i]);
-    if (!(o->tier_load_latency_us[i] >= 0) || !isfinite(o->tier_load_latency_us[i]))
-      return OPT_BAD(lat[i], "finite and >= 0", "%g", o->tier_load_latency_us[i]);
+  /* Each tier's options by its id, under the rules kvt_options_tier_set()
+   * applies (a later tier's come the same way). */
+  for (uint32_t t = KVT_TIER_HOT; t <= KVT_TIER_COLD; t++) {
+    kvt_tier_options to;
+    int rc = kvt_options_tier_get(o, t, &to, sizeof to);
+    if (!rc) rc = kvt_tier_options_check(t, &to, info, "kvt_engine_open");
+    if (rc) return rc;
   }
   if (o->tier_bytes_limit[KVT_TIER_NONE] != 0)
     return OPT_BAD("tier_bytes_limit[KVT_TIER_NONE]", "0", "%llu",

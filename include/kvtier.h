@@ -156,7 +156,10 @@ typedef enum kvt_tier {
  * interface, docs/store-interface.md) does not grow these arrays. Its
  * counters come through kvt_stats_tier() (by tier id, with the size of
  * the caller's struct, so an old caller and a newer library agree on what
- * is read and written); its options likewise, added with that tier. */
+ * is read and written). Options by tier id: kvt_options_tier_set() and
+ * kvt_options_tier_get(); kvt_options itself has room for ids 1..3 only,
+ * so a later tier's options come in a size-first struct of its own at
+ * open, as the remote tier's do (kvt_remote_options). */
 #define KVT_N_TIERS 4
 
 /** Warm-tier codecs (docs/format.md, "Warm encodings"). */
@@ -243,6 +246,9 @@ typedef struct kvt_test_fault {
  * the hot tier full demotes its least recently used blocks to warm
  * (encoded); warm drops unreferenced blocks LRU-first. */
 typedef struct kvt_options {
+  /* The three per-tier arrays are the shorthand for the first four tier
+   * ids (0 none, hot, warm, cold); kvt_options_tier_set() and
+   * kvt_options_tier_get() reach the same fields by tier id. */
   uint64_t tier_bytes_limit[KVT_N_TIERS]; /**< hard byte limit per tier (index by kvt_tier) */
   uint32_t flags;                 /**< KVT_OPEN_* */
   uint32_t max_seqs;              /**< open sequences at once */
@@ -443,6 +449,49 @@ typedef struct kvt_stats {
  * (the cold tier does not exist yet), 4096 sequences, 256 namespaces, 1M
  * blocks per sequence, 65536 load requests per batch. */
 void kvt_options_init(kvt_options *opt);
+
+/** The options every tier has, set and read by its id
+ * (kvt_options_tier_set(), kvt_options_tier_get()), so a caller need not
+ * index kvt_options' arrays. Fields are only ever appended; `size` comes
+ * first and says how many bytes of the struct the caller built against
+ * (set it to sizeof(kvt_tier_options), and zero the struct first). For ids
+ * 1..3 these are the fields of kvt_options' per-tier arrays at that index:
+ * one storage, two ways to reach it. Options of one store implementation
+ * only (the cold tier's segment size, the remote tier's URL) stay where
+ * they are: kvt_options' cold_* fields, kvt_remote_options
+ * (docs/store-interface.md, "The public ABI"). */
+typedef struct kvt_tier_options {
+  uint64_t size;            /**< in (set): bytes of this struct the caller passes, equal
+                                 to the size argument; out (get): bytes written */
+  uint64_t bytes_limit;     /**< hard byte limit (tier_bytes_limit[tier]); 0: no tier */
+  double load_gbps;         /**< bandwidth for load-time estimates, finite and > 0 */
+  double load_latency_us;   /**< fixed cost per block in estimates, finite and >= 0 */
+} kvt_tier_options;
+
+/** Set the options of tier `tier` in *opt from *to, which the caller sized
+ * `size` bytes (pass sizeof(kvt_tier_options)). Validated before anything
+ * is written: on any error *opt is as it was. A larger struct than this
+ * library knows (a newer caller) is accepted when its bytes past the
+ * library's struct are all 0, and refused otherwise: the caller asked for
+ * options this library would ignore. Tiers 1..3 are hot, warm and cold
+ * (the durable store); ids past those name tiers added later. opt and to
+ * are the caller's; nothing is kept. kvt_engine_open() checks the same
+ * rules on every tier (a limit on tier 0 is refused there).
+ * @return 0; KVT_ENULL (opt or to); KVT_ENOTFOUND (no tier with that id
+ *   in this library: KVT_TIER_NONE, or an id it does not know);
+ *   KVT_EBUFSIZE (size below the first kvt_tier_options' size);
+ *   KVT_EOPTION (size above 4096, to->size differs from size, a nonzero
+ *   byte past this library's struct, load_gbps not finite and > 0, load_latency_us not
+ *   finite and >= 0). */
+int kvt_options_tier_set(kvt_options *opt, uint32_t tier, const kvt_tier_options *to, size_t size);
+
+/** Copy the options of tier `tier` in *opt into *to, at most size bytes
+ * of it (pass sizeof(kvt_tier_options)); to->size says how many were
+ * written (a newer caller's fields past it are left as they were).
+ * @return 0; KVT_ENULL; KVT_EBUFSIZE (size below 8, the size field);
+ *   KVT_ENOTFOUND (as kvt_options_tier_set(); *to is untouched). */
+int kvt_options_tier_get(const kvt_options *opt, uint32_t tier, kvt_tier_options *to,
+                         size_t size);
 
 /** Open the store in directory dir, creating it unless KVT_OPEN_NOCREATE.
  * A writer holds an exclusive flock() on the directory dir itself until

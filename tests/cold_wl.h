@@ -1,9 +1,9 @@
 /* cold_wl.h - what the cold tier's end-to-end tests share (test_cold.c,
  * test_cold_fsck.c, test_cold_codec.c, test_cold_drop.c): the standard
  * workload (two namespaces of sequences with shared prefixes, written and
- * verified), the O_DIRECT checks of segment files, and each test on both
- * backends (BOTH). Header only (static inline: a test need not use every
- * helper); moved unchanged out of test_cold.c. */
+ * verified) and the O_DIRECT checks of segment files; the harness that
+ * runs each test on both backends is cold_fx.h. Header only (static
+ * inline: a test need not use every helper). */
 #ifndef KVT_COLD_WL_H
 #define KVT_COLD_WL_H
 
@@ -290,19 +290,6 @@ static inline void segment_fds(const char *dir, int *n, int *n_direct) {
   }
   closedir(d);
 }
-
-/* Each test on both backends; with KVT_STRESS=1 ten times over (the
- * corrupted bytes, keys and data are random). */
-#define BOTH(fn)                                                                  \
-  static void fn##_uring(void **state) {                                          \
-    (void)state;                                                                  \
-    CU_SKIP_UNLESS_BACKEND(KVT_BACKEND_URING);                                    \
-    for (int i_ = 0; i_ < (tu_stress() ? 10 : 1); i_++) fn(KVT_BACKEND_URING);    \
-  }                                                                               \
-  static void fn##_pread(void **state) {                                          \
-    (void)state;                                                                  \
-    for (int i_ = 0; i_ < (tu_stress() ? 10 : 1); i_++) fn(KVT_BACKEND_PREAD);    \
-  }
 
 static inline void release_all(kvt_seq **seqs, size_t n) {
   for (size_t i = 0; i < n; i++) kvt_seq_release(seqs[i]);

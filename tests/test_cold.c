@@ -6,11 +6,11 @@
  * system allows it. fsck and corrupted slices are in test_cold_fsck.c, the
  * cold codecs and merged loads in test_cold_codec.c, admission, drops,
  * eviction and a full tier in test_cold_drop.c (the shared workload:
- * cold_wl.h). Every test runs on io_uring (skipped, with the reason
+ * cold_wl.h, the harness: cold_fx.h). Every test runs on io_uring (skipped, with the reason
  * printed, where it is unavailable) and pread. The program runs itself as
  * a child (--child) for the new-process and read-only cases.
  * KVT_TEST_FILTER (a cmocka pattern) picks tests. */
-#include "cold_wl.h"
+#include "cold_fx.h"
 
 /* --------------------------------------------------------- child mode */
 
@@ -90,46 +90,34 @@ static int spawn_verify(const char *mode, const char *dir, uint32_t backend, uin
 
 /* Durable after kvt_sync; reopened in this process and in a new one,
  * namespaces and blocks are all there, bit-exact, from the cold tier. */
-static void durable_reopen(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
-  kvt_engine *e = open_cold(dir, backend);
-  kvt_ns_id ids[WL_N_NS];
-  kvt_seq *seqs[WL_MAX_SEQS];
-  wl_write(e, seed, ids, seqs, cu_backend_name(backend));
-  assert_int_equal(wl_verify(e, seed, 0, 1, WL_DISTINCT), 0); /* before close: from RAM */
-  release_all(seqs, WL_MAX_SEQS);
-  kvt_engine_close(e);
+static void durable_reopen(cold_fx *f) {
+  kvt_engine *e = fx_write(f);
+  assert_int_equal(wl_verify(e, f->seed, 0, 1, WL_DISTINCT), 0); /* before close: from RAM */
+  fx_close(f, e);
 
-  e = open_cold(dir, backend);
+  e = fx_open(f);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.namespaces, WL_N_NS);
   assert_int_equal(st.token_blocks, 0); /* nothing in RAM: it all comes from cold */
-  assert_int_equal(wl_verify(e, seed, 0, 0, WL_DISTINCT), 0);
+  assert_int_equal(wl_verify(e, f->seed, 0, 0, WL_DISTINCT), 0);
   kvt_engine_close(e);
 
   /* A new process opens it as the writer, and reads it with the other backend. */
-  uint32_t other = backend == KVT_BACKEND_PREAD ? KVT_BACKEND_AUTO : KVT_BACKEND_PREAD;
-  assert_int_equal(spawn_verify("rw", dir, backend, seed, WL_DISTINCT), 0);
-  assert_int_equal(spawn_verify("rw", dir, other, seed, WL_DISTINCT), 0);
-  e = open_cold(dir, backend);
-  assert_int_equal(wl_verify(e, seed, 0, 0, WL_DISTINCT), 0);
+  uint32_t other = f->backend == KVT_BACKEND_PREAD ? KVT_BACKEND_AUTO : KVT_BACKEND_PREAD;
+  assert_int_equal(spawn_verify("rw", f->dir, f->backend, f->seed, WL_DISTINCT), 0);
+  assert_int_equal(spawn_verify("rw", f->dir, other, f->seed, WL_DISTINCT), 0);
+  e = fx_open(f);
+  assert_int_equal(wl_verify(e, f->seed, 0, 0, WL_DISTINCT), 0);
   kvt_engine_close(e);
-  tu_rmtree(dir);
 }
 BOTH(durable_reopen)
 
 /* A reader in another process beside the live writer: stats, lookups,
  * loads and fsck work; every write is refused; the writer is undisturbed. */
-static void readonly_beside_writer(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
-  kvt_engine *e = open_cold(dir, backend);
-  kvt_ns_id ids[WL_N_NS];
-  kvt_seq *seqs[WL_MAX_SEQS];
-  wl_write(e, seed, ids, seqs, cu_backend_name(backend));
-  assert_int_equal(spawn_verify("ro", dir, backend, seed, WL_DISTINCT), 0);
+static void readonly_beside_writer(cold_fx *f) {
+  kvt_engine *e = fx_write(f);
+  assert_int_equal(spawn_verify("ro", f->dir, f->backend, f->seed, WL_DISTINCT), 0);
 
   /* The writer goes on: two more blocks on the first sequence. */
   wl_ns w[WL_N_NS];
@@ -138,21 +126,19 @@ static void readonly_beside_writer(uint32_t backend) {
   tu_kv_alloc(&kv, &w[0].sh);
   uint64_t salt = tu_salt(w[0].model);
   uint32_t tok[2][4] = {{7, 7, 7, 7}, {8, 8, 8, 8}};
-  for (int j = 0; j < 2; j++) tu_append_put(seqs[0], &w[0].sh, salt, tok[j], &kv);
+  for (int j = 0; j < 2; j++) tu_append_put(f->seqs[0], &w[0].sh, salt, tok[j], &kv);
   assert_int_equal(kvt_sync(e), 0);
-  assert_int_equal(kvt_seq_durable(seqs[0]), w[0].specs[0].n_blocks + 2);
+  assert_int_equal(kvt_seq_durable(f->seqs[0]), w[0].specs[0].n_blocks + 2);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, WL_DISTINCT + 2);
   /* A reader now sees the new blocks too. */
-  assert_int_equal(spawn_verify("ro", dir, backend, seed, WL_DISTINCT + 2), 0);
+  assert_int_equal(spawn_verify("ro", f->dir, f->backend, f->seed, WL_DISTINCT + 2), 0);
   for (int j = 0; j < 2; j++)
     for (uint32_t l = 0; l < w[0].sh.n_layers; l++)
-      tu_assert_block(seqs[0], &w[0].sh, salt, w[0].specs[0].n_blocks + (uint32_t)j, l, tok[j]);
+      tu_assert_block(f->seqs[0], &w[0].sh, salt, w[0].specs[0].n_blocks + (uint32_t)j, l, tok[j]);
   tu_kv_free(&kv);
-  release_all(seqs, WL_MAX_SEQS);
-  kvt_engine_close(e);
-  tu_rmtree(dir);
+  fx_close(f, e);
 }
 BOTH(readonly_beside_writer)
 
@@ -231,10 +217,8 @@ static int grow_child(int argc, char **argv) {
 /* A reader opened beside the writer keeps working while the writer grows
  * the store into new segments: lookups, fsck and loads of every durable
  * block (DESIGN.md section 6: stat and fsck beside a live store). */
-static void readonly_beside_growing_writer(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
-  kvt_engine *e = open_cold(dir, backend);
+static void readonly_beside_growing_writer(cold_fx *f) {
+  kvt_engine *e = fx_open(f);
   kvt_shape sh = tu_shape_small(KVT_BF16);
   kvt_ns_id ns = tu_register(e, "grow", &sh);
   uint64_t salt = tu_salt("grow");
@@ -245,7 +229,7 @@ static void readonly_beside_growing_writer(uint32_t backend) {
   assert_int_equal(kvt_seq_create(e, ns, &q), 0);
   for (uint32_t j = 0; j < GROW_BEFORE; j++) {
     uint32_t tok[4];
-    cu_tokens(seed, &sp, j, sh.block_tokens, tok);
+    cu_tokens(f->seed, &sp, j, sh.block_tokens, tok);
     tu_append_put(q, &sh, salt, tok, &kv);
   }
   assert_int_equal(kvt_sync(e), 0);
@@ -256,9 +240,9 @@ static void readonly_beside_growing_writer(uint32_t backend) {
   assert_int_equal(pipe(p2c), 0);
   assert_int_equal(pipe(c2p), 0);
   char a_dir[600], a_b[16], a_s[32], a_r[16], a_w[16];
-  snprintf(a_dir, sizeof a_dir, "%s", dir);
-  snprintf(a_b, sizeof a_b, "%u", backend);
-  snprintf(a_s, sizeof a_s, "%llu", (unsigned long long)seed);
+  snprintf(a_dir, sizeof a_dir, "%s", f->dir);
+  snprintf(a_b, sizeof a_b, "%u", f->backend);
+  snprintf(a_s, sizeof a_s, "%llu", (unsigned long long)f->seed);
   snprintf(a_r, sizeof a_r, "%d", p2c[0]);
   snprintf(a_w, sizeof a_w, "%d", c2p[1]);
   char *argv[] = {"test_cold", "--child", "grow", a_dir, a_b, a_s, a_r, a_w, NULL};
@@ -268,7 +252,7 @@ static void readonly_beside_growing_writer(uint32_t backend) {
   int got = (int)read(c2p[0], &b, 1); /* the reader is open */
   for (uint32_t j = GROW_BEFORE; j < GROW_BEFORE + GROW_AFTER; j++) {
     uint32_t tok[4];
-    cu_tokens(seed, &sp, j, sh.block_tokens, tok);
+    cu_tokens(f->seed, &sp, j, sh.block_tokens, tok);
     tu_append_put(q, &sh, salt, tok, &kv);
   }
   assert_int_equal(kvt_sync(e), 0);
@@ -287,60 +271,46 @@ static void readonly_beside_growing_writer(uint32_t backend) {
   kvt_seq_release(q);
   tu_kv_free(&kv);
   kvt_engine_close(e);
-  tu_rmtree(dir);
 }
 BOTH(readonly_beside_growing_writer)
 
 /* Segment files are written and read with O_DIRECT where the file system
  * allows it (DESIGN.md section 3), whichever way they were opened: created
  * by the writer, or opened again by a later one. */
-static void segments_direct(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  if (!direct_ok(dir)) {
-    fprintf(stderr, "SKIP %s: no O_DIRECT on %s\n", __func__, dir);
-    tu_rmtree(dir);
+static void segments_direct(cold_fx *f) {
+  if (!direct_ok(f->dir)) {
+    fprintf(stderr, "SKIP %s: no O_DIRECT on %s\n", __func__, f->dir);
+    tu_rmtree(f->dir);
     tu_skip_mark();
     skip();
   }
-  uint64_t seed = tu_rand();
-  kvt_engine *e = open_cold(dir, backend);
-  kvt_ns_id ids[WL_N_NS];
-  kvt_seq *seqs[WL_MAX_SEQS];
-  wl_write(e, seed, ids, seqs, cu_backend_name(backend));
+  kvt_engine *e = fx_write(f);
   int n, n_direct;
-  segment_fds(dir, &n, &n_direct);
+  segment_fds(f->dir, &n, &n_direct);
   assert_true(n >= 1);
   if (n_direct != n) fprintf(stderr, "%d of %d segment fds without O_DIRECT (new store)\n", n - n_direct, n);
   assert_int_equal(n_direct, n);
-  release_all(seqs, WL_MAX_SEQS);
-  kvt_engine_close(e);
+  fx_close(f, e);
   for (int round = 0; round < 3; round++) { /* reopened, read, written */
-    e = open_cold(dir, backend);
-    assert_int_equal(wl_verify(e, seed, 0, 0, WL_DISTINCT), 0);
-    segment_fds(dir, &n, &n_direct);
+    e = fx_open(f);
+    assert_int_equal(wl_verify(e, f->seed, 0, 0, WL_DISTINCT), 0);
+    segment_fds(f->dir, &n, &n_direct);
     assert_true(n >= 1);
     if (n_direct != n) fprintf(stderr, "%d of %d segment fds without O_DIRECT (reopened)\n", n - n_direct, n);
     assert_int_equal(n_direct, n);
     kvt_engine_close(e);
   }
-  tu_rmtree(dir);
 }
 BOTH(segments_direct)
 
 int main(int argc, char **argv) {
   if (argc >= 2 && strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
   cu_set_self(argv[0]);
-  tu_seed();
-  if (getenv("KVT_TEST_FILTER")) cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(durable_reopen_uring),
-      cmocka_unit_test(durable_reopen_pread),
-      cmocka_unit_test(readonly_beside_writer_uring),
-      cmocka_unit_test(readonly_beside_writer_pread),
-      cmocka_unit_test(readonly_beside_growing_writer_uring),
-      cmocka_unit_test(readonly_beside_growing_writer_pread),
-      cmocka_unit_test(segments_direct_uring),
-      cmocka_unit_test(segments_direct_pread),
+      BOTH_TESTS(durable_reopen),
+      BOTH_TESTS(readonly_beside_writer),
+      BOTH_TESTS(readonly_beside_growing_writer),
+      BOTH_TESTS(segments_direct),
   };
-  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
+  return FX_MAIN(tests);
 }

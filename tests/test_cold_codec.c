@@ -2,7 +2,7 @@
  * test_cold.c): both cold codecs round-trip every dtype; loads of many
  * small slices are merged into spans, each status its own and each
  * success exactly its bytes. Both backends; KVT_TEST_FILTER picks tests. */
-#include "cold_wl.h"
+#include "cold_fx.h"
 
 /* Values from a small set: byte planes that zstd shrinks a lot. */
 static void fill_compressible(tu_kv *b, const kvt_shape *s, uint64_t seed, uint32_t layer,
@@ -23,31 +23,54 @@ static void fill_compressible(tu_kv *b, const kvt_shape *s, uint64_t seed, uint3
   }
 }
 
+/* A writer on f's store with cold_compress = compress. */
+static kvt_engine *open_compress(const cold_fx *f, uint32_t compress) {
+  kvt_options o;
+  fx_opts(f, &o);
+  o.cold_compress = compress;
+  return tu_open(f->dir, &o);
+}
+
+/* A new sequence of the namespace of dtype number d (F32, F16, BF16),
+ * and its shape. */
+static kvt_seq *dtype_seq(kvt_engine *e, int d, int compressible, kvt_shape *sh) {
+  static const uint32_t dt[3] = {KVT_F32, KVT_F16, KVT_BF16};
+  *sh = (kvt_shape){.n_layers = 2, .n_kv_heads = 4, .head_dim = 64, .dtype = dt[d], .block_tokens = 16};
+  char model[32];
+  snprintf(model, sizeof model, "z-%d-%d", d, compressible);
+  kvt_seq *q;
+  assert_int_equal(kvt_seq_create(e, tu_register(e, model, sh), &q), 0);
+  return q;
+}
+
+/* The 16 tokens of block j. */
+static void block_tokens(uint64_t seed, uint32_t j, uint32_t tok[16]) {
+  for (int t = 0; t < 16; t++) tok[t] = (uint32_t)(seed + j * 16 + (uint32_t)t);
+}
+
+/* K and V of layer l of block j in dtype number d. */
+static void block_kv(tu_kv *kv, const kvt_shape *sh, uint64_t seed, int d, int compressible,
+                     uint32_t l, uint32_t j, const uint32_t *tok) {
+  if (compressible) fill_compressible(kv, sh, seed + (uint64_t)d, l, j);
+  else tu_kv_fill(kv, sh, seed + (uint64_t)d, l, j, tok);
+}
+
 /* Write nb blocks of compressible (or generated) data in every dtype with
  * cold_compress = compress; returns cold_write_bytes. */
-static uint64_t write_dtypes(const char *dir, uint32_t backend, uint32_t compress, uint64_t seed,
-                             int compressible, uint32_t nb) {
-  kvt_options o;
-  cu_opts(&o, backend);
-  o.cold_compress = compress;
-  kvt_engine *e = tu_open(dir, &o);
-  static const uint32_t dt[3] = {KVT_F32, KVT_F16, KVT_BF16};
+static uint64_t write_dtypes(const cold_fx *f, uint32_t compress, uint64_t seed, int compressible,
+                             uint32_t nb) {
+  kvt_engine *e = open_compress(f, compress);
   for (int d = 0; d < 3; d++) {
-    kvt_shape sh = {.n_layers = 2, .n_kv_heads = 4, .head_dim = 64, .dtype = dt[d], .block_tokens = 16};
-    char model[32];
-    snprintf(model, sizeof model, "z-%d-%d", d, compressible);
-    kvt_ns_id ns = tu_register(e, model, &sh);
-    kvt_seq *q;
+    kvt_shape sh;
+    kvt_seq *q = dtype_seq(e, d, compressible, &sh);
     tu_kv kv;
     tu_kv_alloc(&kv, &sh);
-    assert_int_equal(kvt_seq_create(e, ns, &q), 0);
     for (uint32_t j = 0; j < nb; j++) {
       uint32_t tok[16];
-      for (int t = 0; t < 16; t++) tok[t] = (uint32_t)(seed + j * 16 + (uint32_t)t);
+      block_tokens(seed, j, tok);
       assert_int_equal(kvt_seq_append(q, tok, 16, NULL), 0);
       for (uint32_t l = 0; l < sh.n_layers; l++) {
-        if (compressible) fill_compressible(&kv, &sh, seed + (uint64_t)d, l, j);
-        else tu_kv_fill(&kv, &sh, seed + (uint64_t)d, l, j, tok);
+        block_kv(&kv, &sh, seed, d, compressible, l, j, tok);
         assert_int_equal(kvt_seq_put(q, j, l, &kv.kv), 0);
       }
     }
@@ -63,32 +86,23 @@ static uint64_t write_dtypes(const char *dir, uint32_t backend, uint32_t compres
 }
 
 /* Read them back with cold_compress = compress (either may read either). */
-static void check_dtypes(const char *dir, uint32_t backend, uint32_t compress, uint64_t seed,
-                         int compressible, uint32_t nb) {
-  kvt_options o;
-  cu_opts(&o, backend);
-  o.cold_compress = compress;
-  kvt_engine *e = tu_open(dir, &o);
-  static const uint32_t dt[3] = {KVT_F32, KVT_F16, KVT_BF16};
+static void check_dtypes(const cold_fx *f, uint32_t compress, uint64_t seed, int compressible,
+                         uint32_t nb) {
+  kvt_engine *e = open_compress(f, compress);
   for (int d = 0; d < 3; d++) {
-    kvt_shape sh = {.n_layers = 2, .n_kv_heads = 4, .head_dim = 64, .dtype = dt[d], .block_tokens = 16};
-    char model[32];
-    snprintf(model, sizeof model, "z-%d-%d", d, compressible);
-    kvt_ns_id ns = tu_register(e, model, &sh);
-    kvt_seq *q;
+    kvt_shape sh;
+    kvt_seq *q = dtype_seq(e, d, compressible, &sh);
     tu_kv want, got;
     tu_kv_alloc(&want, &sh);
     tu_kv_alloc(&got, &sh);
-    assert_int_equal(kvt_seq_create(e, ns, &q), 0);
     for (uint32_t j = 0; j < nb; j++) {
       uint32_t tok[16];
       kvt_append_info info;
-      for (int t = 0; t < 16; t++) tok[t] = (uint32_t)(seed + j * 16 + (uint32_t)t);
+      block_tokens(seed, j, tok);
       assert_int_equal(kvt_seq_append(q, tok, 16, &info), 0);
       assert_int_equal(info.durable, 1);
       for (uint32_t l = 0; l < sh.n_layers; l++) {
-        if (compressible) fill_compressible(&want, &sh, seed + (uint64_t)d, l, j);
-        else tu_kv_fill(&want, &sh, seed + (uint64_t)d, l, j, tok);
+        block_kv(&want, &sh, seed, d, compressible, l, j, tok);
         assert_int_equal(kvt_seq_read(q, j, l, got.k, got.v, got.bytes), 0);
         assert_memory_equal(got.k, want.k, want.bytes);
         assert_memory_equal(got.v, want.v, want.bytes);
@@ -107,17 +121,16 @@ static void check_dtypes(const char *dir, uint32_t backend, uint32_t compress, u
 
 /* cold_compress 0 and 1 both round-trip every dtype, compressible or not;
  * compression writes fewer bytes when the data compresses. */
-static void compress_roundtrip(uint32_t backend) {
-  uint64_t seed = tu_rand() & 0xFFFFFFF;
+static void compress_roundtrip(cold_fx *f) {
+  uint64_t seed = f->seed & 0xFFFFFFF;
   const uint32_t nb = 4;
   uint64_t bytes[2][2];
   for (int z = 0; z < 2; z++) {
     for (int c = 0; c < 2; c++) {
-      char *dir = tu_tmpdir();
-      bytes[z][c] = write_dtypes(dir, backend, (uint32_t)z, seed, c, nb);
-      check_dtypes(dir, backend, (uint32_t)z, seed, c, nb);
-      check_dtypes(dir, backend, (uint32_t)!z, seed, c, nb); /* codec is per slice */
-      tu_rmtree(dir);
+      bytes[z][c] = write_dtypes(f, (uint32_t)z, seed, c, nb);
+      check_dtypes(f, (uint32_t)z, seed, c, nb);
+      check_dtypes(f, (uint32_t)!z, seed, c, nb); /* codec is per slice */
+      fx_renew(f); /* each case in a store of its own */
     }
   }
   assert_true(bytes[1][1] < bytes[0][1]);   /* compressible: smaller with zstd */
@@ -137,15 +150,14 @@ BOTH(compress_roundtrip)
 static void span_pass(kvt_engine *e, kvt_ns_id ns, const kvt_shape *shp, uint64_t salt,
                       const kvt_key *keys, const uint32_t *tok, int reversed);
 
-static void span_loads(uint32_t backend) {
-  char *dir = tu_tmpdir();
+static void span_loads(cold_fx *f) {
   kvt_shape sh = {.n_layers = 4, .n_kv_heads = 2, .head_dim = 16, .dtype = KVT_BF16,
                   .block_tokens = 4}; /* 512-byte slices: one 4 KiB page each */
   uint64_t salt = tu_salt("spans"), data = tu_rand();
   cu_seqspec sp = {0, 0, 0, SP_BLK};
   uint32_t *tok = cu_seq_tokens(data, &sp, SP_BLK, sh.block_tokens);
   kvt_key keys[SP_BLK];
-  kvt_engine *e = open_cold(dir, backend);
+  kvt_engine *e = fx_open(f);
   kvt_ns_id ns = tu_register(e, "spans", &sh);
   tu_kv kv;
   tu_kv_alloc(&kv, &sh);
@@ -163,11 +175,11 @@ static void span_loads(uint32_t backend) {
 
   for (int pass = 0; pass < 3; pass++) {
     kvt_options o;
-    cu_opts(&o, backend);
+    fx_opts(f, &o);
     if (pass == 2) /* the reader's first read returns half of what it asked for */
       o.test_fault = (kvt_test_fault){.ops = 1u << 1, .kind = 3 /* short */, .after = 1,
                                       .count = 1, .seed = 1};
-    e = tu_open(dir, &o); /* nothing in RAM: every load is a cold read */
+    e = tu_open(f->dir, &o); /* nothing in RAM: every load is a cold read */
     ns = tu_register(e, "spans", &sh);
     span_pass(e, ns, &sh, salt, keys, tok, pass == 1);
     kvt_stats st;
@@ -177,7 +189,6 @@ static void span_loads(uint32_t backend) {
   }
   tu_kv_free(&kv);
   free(tok);
-  tu_rmtree(dir);
 }
 
 /* One submit of every layer of every block (reversed: last first), with
@@ -251,16 +262,10 @@ static void span_pass(kvt_engine *e, kvt_ns_id ns, const kvt_shape *shp, uint64_
 }
 BOTH(span_loads)
 
-int main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  tu_seed();
-  if (getenv("KVT_TEST_FILTER")) cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
+int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(compress_roundtrip_uring),
-      cmocka_unit_test(compress_roundtrip_pread),
-      cmocka_unit_test(span_loads_uring),
-      cmocka_unit_test(span_loads_pread),
+      BOTH_TESTS(compress_roundtrip),
+      BOTH_TESTS(span_loads),
   };
-  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
+  return FX_MAIN(tests);
 }

@@ -3,34 +3,30 @@
  * eviction of durable blocks from RAM, and a full cold tier (KVT_EFULL,
  * nothing durable lost, room made by reclaiming). Both backends;
  * KVT_TEST_FILTER (a cmocka pattern) picks tests. */
-#include "cold_wl.h"
+#include "cold_fx.h"
 
 /* cold_admit_min_seen = 2: a block appended once is not written; the
  * second append of it (by another sequence) admits it. */
-static void admission(uint32_t backend) {
-  char *dir = tu_tmpdir();
+static void admission(cold_fx *f) {
   kvt_options o;
-  cu_opts(&o, backend);
+  fx_opts(f, &o);
   o.cold_admit_min_seen = 2;
-  kvt_engine *e = tu_open(dir, &o);
-  kvt_shape sh = tu_shape_small(KVT_F16);
-  kvt_ns_id ns = tu_register(e, "admit", &sh);
-  uint64_t salt = tu_salt("admit");
+  kvt_engine *e = fx_open_ns(f, &o, "admit", KVT_F16);
   tu_kv kv;
-  tu_kv_alloc(&kv, &sh);
+  tu_kv_alloc(&kv, &f->sh);
   uint32_t once[3][4] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}};
   uint32_t twice[2][4] = {{1, 2, 3, 4}, {13, 14, 15, 16}}; /* shares block 0 with once */
   kvt_seq *a, *b;
-  assert_int_equal(kvt_seq_create(e, ns, &a), 0);
-  for (int j = 0; j < 3; j++) tu_append_put(a, &sh, salt, once[j], &kv);
+  assert_int_equal(kvt_seq_create(e, f->ns, &a), 0);
+  for (int j = 0; j < 3; j++) tu_append_put(a, &f->sh, f->salt, once[j], &kv);
   assert_int_equal(kvt_sync(e), 0);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 0);
   assert_int_equal(st.cold_written, 0);
   assert_int_equal(kvt_seq_durable(a), 0);
-  assert_int_equal(kvt_seq_create(e, ns, &b), 0);
-  for (int j = 0; j < 2; j++) tu_append_put(b, &sh, salt, twice[j], &kv);
+  assert_int_equal(kvt_seq_create(e, f->ns, &b), 0);
+  for (int j = 0; j < 2; j++) tu_append_put(b, &f->sh, f->salt, twice[j], &kv);
   assert_int_equal(kvt_sync(e), 0);
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 1); /* block 0, seen twice */
@@ -40,58 +36,53 @@ static void admission(uint32_t backend) {
   kvt_seq_release(b);
   kvt_engine_close(e);
 
-  e = tu_open(dir, &o);
-  ns = tu_register(e, "admit", &sh);
+  e = tu_open(f->dir, &o);
+  f->ns = tu_register(e, "admit", &f->sh);
   size_t found;
-  assert_int_equal(kvt_lookup(e, ns, &once[0][0], 12, NULL, 0, &found), 0);
+  assert_int_equal(kvt_lookup(e, f->ns, &once[0][0], 12, NULL, 0, &found), 0);
   assert_int_equal(found, 1);
-  assert_int_equal(kvt_lookup(e, ns, &twice[0][0], 8, NULL, 0, &found), 0);
+  assert_int_equal(kvt_lookup(e, f->ns, &twice[0][0], 8, NULL, 0, &found), 0);
   assert_int_equal(found, 1);
-  assert_int_equal(kvt_seq_create(e, ns, &a), 0);
+  assert_int_equal(kvt_seq_create(e, f->ns, &a), 0);
   kvt_append_info info;
   assert_int_equal(kvt_seq_append(a, once[0], 4, &info), 0);
   assert_int_equal(info.durable, 1);
-  for (uint32_t l = 0; l < sh.n_layers; l++) tu_assert_block(a, &sh, salt, 0, l, once[0]);
+  for (uint32_t l = 0; l < f->sh.n_layers; l++) tu_assert_block(a, &f->sh, f->salt, 0, l, once[0]);
   assert_int_equal(kvt_seq_append(a, once[1], 4, &info), 0);
   assert_int_equal(info.durable, 0);
   kvt_seq_release(a);
   kvt_engine_close(e);
   tu_kv_free(&kv);
-  tu_rmtree(dir);
 }
 BOTH(admission)
 
 /* KVT_ADMIT_PROMPT: a sequence's prompt blocks are written, its output
  * blocks are not (and are not held hot for the flusher); the next turn,
  * which appends the same blocks as prompt, gets them written. */
-static void admit_prompt(uint32_t backend) {
-  char *dir = tu_tmpdir();
+static void admit_prompt(cold_fx *f) {
   kvt_options o;
-  cu_opts(&o, backend);
+  fx_opts(f, &o);
   o.cold_admit = KVT_ADMIT_PROMPT;
-  kvt_engine *e = tu_open(dir, &o);
-  kvt_shape sh = tu_shape_small(KVT_F16);
-  kvt_ns_id ns = tu_register(e, "prompt", &sh);
-  uint64_t salt = tu_salt("prompt");
+  kvt_engine *e = fx_open_ns(f, &o, "prompt", KVT_F16);
   tu_kv kv;
-  tu_kv_alloc(&kv, &sh);
+  tu_kv_alloc(&kv, &f->sh);
   uint32_t tok[6][4];
   for (uint32_t j = 0; j < 6; j++)
     for (uint32_t i = 0; i < 4; i++) tok[j][i] = 100 * j + i;
   kvt_seq *a, *b;
   assert_int_equal(kvt_seq_output(NULL, 1), KVT_ENULL);
-  assert_int_equal(kvt_seq_create(e, ns, &a), 0);
-  for (int j = 0; j < 3; j++) tu_append_put(a, &sh, salt, tok[j], &kv); /* prompt */
+  assert_int_equal(kvt_seq_create(e, f->ns, &a), 0);
+  for (int j = 0; j < 3; j++) tu_append_put(a, &f->sh, f->salt, tok[j], &kv); /* prompt */
   assert_int_equal(kvt_seq_output(a, 1), 0);
-  for (int j = 3; j < 5; j++) tu_append_put(a, &sh, salt, tok[j], &kv); /* output */
+  for (int j = 3; j < 5; j++) tu_append_put(a, &f->sh, f->salt, tok[j], &kv); /* output */
   assert_int_equal(kvt_sync(e), 0);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 3);
   assert_int_equal(kvt_seq_durable(a), 3);
   /* turn two: the whole conversation so far is its prompt */
-  assert_int_equal(kvt_seq_create(e, ns, &b), 0);
-  for (int j = 0; j < 6; j++) tu_append_put(b, &sh, salt, tok[j], &kv);
+  assert_int_equal(kvt_seq_create(e, f->ns, &b), 0);
+  for (int j = 0; j < 6; j++) tu_append_put(b, &f->sh, f->salt, tok[j], &kv);
   assert_int_equal(kvt_sync(e), 0);
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 6);
@@ -103,29 +94,28 @@ static void admit_prompt(uint32_t backend) {
   /* a fork inherits the output mode; an unknown rule is refused */
   o.cold_admit = 2;
   kvt_engine *bad = NULL;
-  assert_int_equal(kvt_engine_open(dir, &o, &bad), KVT_EOPTION);
+  assert_int_equal(kvt_engine_open(f->dir, &o, &bad), KVT_EOPTION);
   assert_null(bad);
   o.cold_admit = KVT_ADMIT_PROMPT;
-  e = tu_open(dir, &o);
-  ns = tu_register(e, "prompt", &sh);
-  assert_int_equal(kvt_seq_create(e, ns, &a), 0);
+  e = tu_open(f->dir, &o);
+  f->ns = tu_register(e, "prompt", &f->sh);
+  assert_int_equal(kvt_seq_create(e, f->ns, &a), 0);
   assert_int_equal(kvt_seq_output(a, 1), 0);
   uint32_t fresh[2][4] = {{7, 7, 7, 7}, {8, 8, 8, 8}};
-  tu_append_put(a, &sh, salt, fresh[0], &kv);
+  tu_append_put(a, &f->sh, f->salt, fresh[0], &kv);
   assert_int_equal(kvt_seq_fork(a, UINT32_MAX, &b), 0);
-  tu_append_put(b, &sh, salt, fresh[1], &kv);
+  tu_append_put(b, &f->sh, f->salt, fresh[1], &kv);
   assert_int_equal(kvt_sync(e), 0);
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 6); /* neither output block */
   assert_int_equal(kvt_seq_durable(b), 0);
   size_t found;
-  assert_int_equal(kvt_lookup(e, ns, &tok[0][0], 24, NULL, 0, &found), 0);
+  assert_int_equal(kvt_lookup(e, f->ns, &tok[0][0], 24, NULL, 0, &found), 0);
   assert_int_equal(found, 6);
   kvt_seq_release(a);
   kvt_seq_release(b);
   kvt_engine_close(e);
   tu_kv_free(&kv);
-  tu_rmtree(dir);
 }
 BOTH(admit_prompt)
 
@@ -184,38 +174,36 @@ static int load_spec_block(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, uin
 
 /* kvt_drop_prefix removes, durably, the prefix and what extends it; a
  * block sharing only part of it stays stored but unreachable by lookup. */
-static void drop_prefix_durable(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
+static void drop_prefix_durable(cold_fx *f) {
   kvt_shape sh = tu_shape_small(KVT_BF16);
   uint64_t salt = tu_salt("dropper");
   /* X and Y share blocks 0-1; Z shares block 0 only; W is unrelated. */
   const cu_seqspec X = {0, 0, 2, 4}, Y = {0, 1, 2, 3}, Z = {0, 2, 1, 3}, W = {1, 0, 0, 2};
   const cu_seqspec all[4] = {X, Y, Z, W};
-  kvt_engine *e = open_cold(dir, backend);
+  kvt_engine *e = fx_open(f);
   kvt_ns_id ns = tu_register(e, "dropper", &sh);
-  store_specs(e, ns, &sh, salt, seed, all, 4);
+  store_specs(e, ns, &sh, salt, f->seed, all, 4);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 9); /* b0 b1 x2 x3 y2 z1 z2 w0 w1 */
-  uint32_t *px = cu_seq_tokens(seed, &X, 2, sh.block_tokens);
+  uint32_t *px = cu_seq_tokens(f->seed, &X, 2, sh.block_tokens);
   uint64_t dropped = 0;
   assert_int_equal(kvt_drop_prefix(e, ns, px, 2 * sh.block_tokens, &dropped), 0);
   assert_int_equal(dropped, 5); /* b0 b1 x2 x3 y2 */
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 4);
   for (int pass = 0; pass < 2; pass++) {
-    assert_int_equal(lookup_spec(e, ns, &sh, seed, &X), 0);
-    assert_int_equal(lookup_spec(e, ns, &sh, seed, &Y), 0);
-    assert_int_equal(lookup_spec(e, ns, &sh, seed, &Z), 0); /* lost its chain head */
-    assert_int_equal(lookup_spec(e, ns, &sh, seed, &W), 2);
-    for (uint32_t j = 0; j < 4; j++) assert_int_equal(load_spec_block(e, ns, &sh, salt, seed, &X, j), 0);
-    assert_int_equal(load_spec_block(e, ns, &sh, salt, seed, &Y, 2), 0);
-    assert_int_equal(load_spec_block(e, ns, &sh, salt, seed, &Z, 1), 1); /* kept */
-    assert_int_equal(load_spec_block(e, ns, &sh, salt, seed, &Z, 2), 1);
-    assert_int_equal(load_spec_block(e, ns, &sh, salt, seed, &W, 1), 1);
+    assert_int_equal(lookup_spec(e, ns, &sh, f->seed, &X), 0);
+    assert_int_equal(lookup_spec(e, ns, &sh, f->seed, &Y), 0);
+    assert_int_equal(lookup_spec(e, ns, &sh, f->seed, &Z), 0); /* lost its chain head */
+    assert_int_equal(lookup_spec(e, ns, &sh, f->seed, &W), 2);
+    for (uint32_t j = 0; j < 4; j++) assert_int_equal(load_spec_block(e, ns, &sh, salt, f->seed, &X, j), 0);
+    assert_int_equal(load_spec_block(e, ns, &sh, salt, f->seed, &Y, 2), 0);
+    assert_int_equal(load_spec_block(e, ns, &sh, salt, f->seed, &Z, 1), 1); /* kept */
+    assert_int_equal(load_spec_block(e, ns, &sh, salt, f->seed, &Z, 2), 1);
+    assert_int_equal(load_spec_block(e, ns, &sh, salt, f->seed, &W, 1), 1);
     kvt_engine_close(e); /* and after reopening */
-    e = open_cold(dir, backend);
+    e = fx_open(f);
     ns = tu_register(e, "dropper", &sh);
     tu_stats(e, &st);
     assert_int_equal(st.cold_records, 4);
@@ -225,25 +213,22 @@ static void drop_prefix_durable(uint32_t backend) {
   assert_int_equal(fr.checked, 4);
   assert_int_equal(fr.bad, 0);
   /* Writing X again makes it durable again. */
-  store_specs(e, ns, &sh, salt, seed, &X, 1);
-  assert_int_equal(lookup_spec(e, ns, &sh, seed, &X), 4);
+  store_specs(e, ns, &sh, salt, f->seed, &X, 1);
+  assert_int_equal(lookup_spec(e, ns, &sh, f->seed, &X), 4);
   kvt_engine_close(e);
   free(px);
-  tu_rmtree(dir);
 }
 BOTH(drop_prefix_durable)
 
 /* kvt_ns_drop removes every block of the namespace and the namespace,
  * durably; registering the same descriptor again finds no stale KV. */
-static void ns_drop_durable(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
+static void ns_drop_durable(cold_fx *f) {
   kvt_shape sa = tu_shape_small(KVT_BF16), sb = tu_shape_small(KVT_F32);
   const cu_seqspec A[2] = {{0, 0, 1, 3}, {0, 1, 1, 2}}, B[1] = {{0, 0, 0, 3}};
-  kvt_engine *e = open_cold(dir, backend);
+  kvt_engine *e = fx_open(f);
   kvt_ns_id na = tu_register(e, "gone", &sa), nb = tu_register(e, "stays", &sb);
-  store_specs(e, na, &sa, tu_salt("gone"), seed, A, 2);
-  store_specs(e, nb, &sb, tu_salt("stays"), seed, B, 1);
+  store_specs(e, na, &sa, tu_salt("gone"), f->seed, A, 2);
+  store_specs(e, nb, &sb, tu_salt("stays"), f->seed, B, 1);
   kvt_stats st;
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 4 + 3);
@@ -257,7 +242,7 @@ static void ns_drop_durable(uint32_t backend) {
   assert_int_equal(st.namespaces, 1);
   kvt_engine_close(e);
 
-  e = open_cold(dir, backend);
+  e = fx_open(f);
   kvt_ns_id id;
   kvt_ns_desc d;
   assert_int_equal(kvt_ns_get(e, 0, &id, &d), 0);
@@ -266,21 +251,20 @@ static void ns_drop_durable(uint32_t backend) {
   tu_stats(e, &st);
   assert_int_equal(st.cold_records, 3);
   nb = id;
-  assert_int_equal(lookup_spec(e, nb, &sb, seed, &B[0]), 3);
+  assert_int_equal(lookup_spec(e, nb, &sb, f->seed, &B[0]), 3);
   for (uint32_t j = 0; j < 3; j++)
-    assert_int_equal(load_spec_block(e, nb, &sb, tu_salt("stays"), seed, &B[0], j), 1);
+    assert_int_equal(load_spec_block(e, nb, &sb, tu_salt("stays"), f->seed, &B[0], j), 1);
   na = tu_register(e, "gone", &sa); /* same descriptor, so the same keys */
   for (int s = 0; s < 2; s++) {
-    assert_int_equal(lookup_spec(e, na, &sa, seed, &A[s]), 0);
+    assert_int_equal(lookup_spec(e, na, &sa, f->seed, &A[s]), 0);
     for (uint32_t j = 0; j < A[s].n_blocks; j++)
-      assert_int_equal(load_spec_block(e, na, &sa, tu_salt("gone"), seed, &A[s], j), 0);
+      assert_int_equal(load_spec_block(e, na, &sa, tu_salt("gone"), f->seed, &A[s], j), 0);
   }
   kvt_fsck_result fr;
   assert_int_equal(kvt_fsck(e, 0, &fr, NULL, NULL), 0);
   assert_int_equal(fr.checked, 3);
   assert_int_equal(fr.bad, 0);
   kvt_engine_close(e);
-  tu_rmtree(dir);
 }
 BOTH(ns_drop_durable)
 
@@ -289,15 +273,14 @@ BOTH(ns_drop_durable)
  * kvt_seq_read; kvt_seq_retained lists them as cold; lookups report a
  * block with a layer out of RAM as cold; kvt_seq_gather of a layer that
  * RAM cannot hold whole refuses, writing nothing. */
-static void evict_to_cold(uint32_t backend) {
-  char *dir = tu_tmpdir();
+static void evict_to_cold(cold_fx *f) {
   kvt_shape sh = tu_shape_small(KVT_BF16);
   size_t each = kvt_shape_block_bytes(&sh);
   const uint32_t nb = 16, L = sh.n_layers;
   kvt_options o;
-  cu_opts(&o, backend);
+  fx_opts(f, &o);
   o.tier_bytes_limit[KVT_TIER_HOT] = 12 * (2 * each + 256); /* ~ 12 of 64 layer blocks */
-  kvt_engine *e = tu_open(dir, &o);
+  kvt_engine *e = tu_open(f->dir, &o);
   kvt_ns_id ns = tu_register(e, "evict", &sh);
   uint64_t salt = tu_salt("evict");
   uint32_t *tok = malloc(nb * sh.block_tokens * sizeof *tok);
@@ -385,7 +368,6 @@ static void evict_to_cold(uint32_t backend) {
   free(gv);
   free(tok);
   kvt_engine_close(e);
-  tu_rmtree(dir);
 }
 BOTH(evict_to_cold)
 
@@ -397,27 +379,22 @@ BOTH(evict_to_cold)
  * blocks stay readable from RAM; nothing durable is lost. Once released,
  * its blocks make room (segments are reclaimed) for a new sequence, which
  * becomes durable in full and survives reopening. */
-static void cold_full(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
+static void cold_full(cold_fx *f) {
   kvt_options o;
-  cu_opts(&o, backend);
+  fx_opts(f, &o);
   o.tier_bytes_limit[KVT_TIER_COLD] = 3 * o.cold_segment_bytes;
-  kvt_engine *e = tu_open(dir, &o);
-  kvt_shape sh = tu_shape_small(KVT_BF16);
-  kvt_ns_id ns = tu_register(e, "full", &sh);
-  uint64_t salt = tu_salt("full");
+  kvt_engine *e = fx_open_ns(f, &o, "full", KVT_BF16);
   const uint32_t na = 150, nb = 60; /* records of ~20 KiB: ~100 fit in two segments */
   cu_seqspec a = {0, 0, 0, na}, b = {1, 0, 0, nb};
-  uint32_t *ta = cu_seq_tokens(seed, &a, na, sh.block_tokens);
-  uint32_t *tb = cu_seq_tokens(seed, &b, nb, sh.block_tokens);
+  uint32_t *ta = cu_seq_tokens(f->seed, &a, na, f->sh.block_tokens);
+  uint32_t *tb = cu_seq_tokens(f->seed, &b, nb, f->sh.block_tokens);
   tu_kv kv;
-  tu_kv_alloc(&kv, &sh);
+  tu_kv_alloc(&kv, &f->sh);
   kvt_seq *q;
-  assert_int_equal(kvt_seq_create(e, ns, &q), 0);
+  assert_int_equal(kvt_seq_create(e, f->ns, &q), 0);
   int full = 0;
   for (uint32_t j = 0; j < na; j++) {
-    tu_append_put(q, &sh, salt, ta + j * sh.block_tokens, &kv);
+    tu_append_put(q, &f->sh, f->salt, ta + j * f->sh.block_tokens, &kv);
     if ((j + 1) % 10) continue;
     int rc = kvt_sync(e);
     if (rc && rc != KVT_EFULL) fprintf(stderr, "cold_full: sync after %u blocks: %s\n", j + 1, kvt_strerror(rc));
@@ -433,26 +410,26 @@ static void cold_full(uint32_t backend) {
   assert_true(st.cold_write_failures > 0);
   assert_true(st.tier_bytes[KVT_TIER_COLD] <= o.tier_bytes_limit[KVT_TIER_COLD]);
   for (uint32_t j = 0; j < na; j += 7) /* still readable, exactly */
-    for (uint32_t l = 0; l < sh.n_layers; l++) tu_assert_block(q, &sh, salt, j, l, ta + j * sh.block_tokens);
+    for (uint32_t l = 0; l < f->sh.n_layers; l++) tu_assert_block(q, &f->sh, f->salt, j, l, ta + j * f->sh.block_tokens);
   size_t found = 0;
-  assert_int_equal(kvt_lookup(e, ns, ta, (size_t)na * sh.block_tokens, NULL, 0, &found), 0);
+  assert_int_equal(kvt_lookup(e, f->ns, ta, (size_t)na * f->sh.block_tokens, NULL, 0, &found), 0);
   assert_int_equal(found, na); /* in RAM, all of them */
   kvt_seq_release(q);
 
-  assert_int_equal(kvt_seq_create(e, ns, &q), 0);
-  for (uint32_t j = 0; j < nb; j++) tu_append_put(q, &sh, salt, tb + j * sh.block_tokens, &kv);
+  assert_int_equal(kvt_seq_create(e, f->ns, &q), 0);
+  for (uint32_t j = 0; j < nb; j++) tu_append_put(q, &f->sh, f->salt, tb + j * f->sh.block_tokens, &kv);
   assert_int_equal(kvt_sync(e), 0);
   assert_int_equal(kvt_seq_durable(q), nb);
   kvt_seq_release(q);
   kvt_engine_close(e);
 
-  e = tu_open(dir, &o);
-  ns = tu_register(e, "full", &sh);
-  assert_int_equal(kvt_lookup(e, ns, tb, (size_t)nb * sh.block_tokens, NULL, 0, &found), 0);
+  e = tu_open(f->dir, &o);
+  f->ns = tu_register(e, "full", &f->sh);
+  assert_int_equal(kvt_lookup(e, f->ns, tb, (size_t)nb * f->sh.block_tokens, NULL, 0, &found), 0);
   assert_int_equal(found, nb);
-  for (uint32_t j = 0; j < nb; j++) assert_int_equal(load_spec_block(e, ns, &sh, salt, seed, &b, j), 1);
+  for (uint32_t j = 0; j < nb; j++) assert_int_equal(load_spec_block(e, f->ns, &f->sh, f->salt, f->seed, &b, j), 1);
   for (uint32_t j = 0; j < na; j += 3) /* the first sequence: exact or evicted, never other bytes */
-    load_spec_block(e, ns, &sh, salt, seed, &a, j);
+    load_spec_block(e, f->ns, &f->sh, f->salt, f->seed, &a, j);
   kvt_fsck_result fr;
   assert_int_equal(kvt_fsck(e, 0, &fr, NULL, NULL), 0);
   assert_int_equal(fr.bad, 0);
@@ -463,28 +440,17 @@ static void cold_full(uint32_t backend) {
   tu_kv_free(&kv);
   free(ta);
   free(tb);
-  tu_rmtree(dir);
 }
 BOTH(cold_full)
 
-int main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  tu_seed();
-  if (getenv("KVT_TEST_FILTER")) cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
+int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(admission_uring),
-      cmocka_unit_test(admission_pread),
-      cmocka_unit_test(admit_prompt_uring),
-      cmocka_unit_test(admit_prompt_pread),
-      cmocka_unit_test(drop_prefix_durable_uring),
-      cmocka_unit_test(drop_prefix_durable_pread),
-      cmocka_unit_test(ns_drop_durable_uring),
-      cmocka_unit_test(ns_drop_durable_pread),
-      cmocka_unit_test(evict_to_cold_uring),
-      cmocka_unit_test(evict_to_cold_pread),
-      cmocka_unit_test(cold_full_uring),
-      cmocka_unit_test(cold_full_pread),
+      BOTH_TESTS(admission),
+      BOTH_TESTS(admit_prompt),
+      BOTH_TESTS(drop_prefix_durable),
+      BOTH_TESTS(ns_drop_durable),
+      BOTH_TESTS(evict_to_cold),
+      BOTH_TESTS(cold_full),
   };
-  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
+  return FX_MAIN(tests);
 }

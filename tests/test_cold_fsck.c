@@ -2,7 +2,7 @@
  * test_cold.c): fsck finds a flipped byte and repair turns the entry into
  * a miss; a corrupted slice read through the API is a miss, never other
  * bytes. Both backends; KVT_TEST_FILTER (a cmocka pattern) picks tests. */
-#include "cold_wl.h"
+#include "cold_fx.h"
 
 /* fsck reports. */
 typedef struct fsck_log {
@@ -38,14 +38,9 @@ static void corrupt(const cu_rec *r, int layer) {
 }
 
 /* Write the workload, close, and return the records found on disk. */
-static size_t written_store(const char *dir, uint32_t backend, uint64_t seed, cu_rec **recs) {
-  kvt_engine *e = open_cold(dir, backend);
-  kvt_ns_id ids[WL_N_NS];
-  kvt_seq *seqs[WL_MAX_SEQS];
-  wl_write(e, seed, ids, seqs, cu_backend_name(backend));
-  release_all(seqs, WL_MAX_SEQS);
-  kvt_engine_close(e);
-  size_t n = cu_records(dir, recs);
+static size_t written_store(cold_fx *f, cu_rec **recs) {
+  fx_close(f, fx_write(f));
+  size_t n = cu_records(f->dir, recs);
   assert_int_equal(n, WL_DISTINCT);
   return n;
 }
@@ -94,14 +89,12 @@ static void assert_block_gone(kvt_engine *e, const kvt_ns_id *ids, uint64_t seed
 /* A flipped byte in a slice, or in a record header: fsck names the block,
  * changes nothing without repair, and with repair removes the entry for
  * good, so the block is a miss, never other bytes. */
-static void fsck_finds_and_repairs(uint32_t backend) {
+static void fsck_finds_and_repairs(cold_fx *f) {
   for (int where = 0; where < 2; where++) { /* 0: a slice, 1: the record header */
-    char *dir = tu_tmpdir();
-    uint64_t seed = tu_rand();
     cu_rec *recs;
-    size_t nr = written_store(dir, backend, seed, &recs);
+    size_t nr = written_store(f, &recs);
     /* A clean store is clean. */
-    kvt_engine *e = open_cold(dir, backend);
+    kvt_engine *e = fx_open(f);
     kvt_fsck_result fr;
     assert_int_equal(kvt_fsck(e, 1, &fr, NULL, NULL), 0);
     assert_int_equal(fr.checked, WL_DISTINCT);
@@ -112,11 +105,10 @@ static void fsck_finds_and_repairs(uint32_t backend) {
     const cu_rec *r = &recs[tu_below((uint32_t)nr)];
     int layer = where == 0 ? (int)tu_below(r->n_layers) : -1;
     corrupt(r, layer);
-    e = open_cold(dir, backend);
     kvt_ns_id ids[WL_N_NS];
-    assert_int_equal(wl_ids(e, ids), 3);
+    e = fx_reopen(f, ids);
     wl_block blocks[32];
-    size_t nb = wl_blocks(e, ids, seed, blocks, 32);
+    size_t nb = wl_blocks(e, ids, f->seed, blocks, 32);
     int bi = block_of(blocks, nb, &r->key);
     assert_true(bi >= 0);
     for (int pass = 0; pass < 2; pass++) { /* without repair: twice the same */
@@ -136,7 +128,7 @@ static void fsck_finds_and_repairs(uint32_t backend) {
       wl_get(w);
       const wl_block *b = &blocks[bi];
       uint32_t tok[64], n_exact, n_wrong;
-      cu_tokens(seed, &w[b->ns].specs[b->spec], b->block, w[b->ns].sh.block_tokens, tok);
+      cu_tokens(f->seed, &w[b->ns].specs[b->spec], b->block, w[b->ns].sh.block_tokens, tok);
       cu_load_block(e, ids[b->ns], &w[b->ns].sh, tu_salt(w[b->ns].model), &b->key, b->block, tok,
                     NULL, NULL, &n_exact, &n_wrong);
       assert_int_equal(n_wrong, 0);
@@ -146,26 +138,18 @@ static void fsck_finds_and_repairs(uint32_t backend) {
     assert_int_equal(fr.bad, 1);
     assert_int_equal(fr.removed, 1);
     assert_true(lg.n == 1 && cu_key_eq(&lg.keys[0], &r->key));
-    tu_stats(e, &st);
-    assert_int_equal(st.cold_records, WL_DISTINCT - 1);
-    assert_int_equal(kvt_fsck(e, 0, &fr, NULL, NULL), 0);
-    assert_int_equal(fr.checked, WL_DISTINCT - 1);
-    assert_int_equal(fr.bad, 0);
-    assert_block_gone(e, ids, seed, &blocks[bi]);
-    assert_lookups_stop_at(e, ids, seed, blocks, nb, &r->key, 1);
+    fx_assert_clean(e, WL_DISTINCT - 1);
+    assert_block_gone(e, ids, f->seed, &blocks[bi]);
+    assert_lookups_stop_at(e, ids, f->seed, blocks, nb, &r->key, 1);
     kvt_engine_close(e);
 
-    e = open_cold(dir, backend); /* the repair was durable */
-    assert_int_equal(wl_ids(e, ids), 3);
-    tu_stats(e, &st);
-    assert_int_equal(st.cold_records, WL_DISTINCT - 1);
-    assert_int_equal(kvt_fsck(e, 0, &fr, NULL, NULL), 0);
-    assert_int_equal(fr.bad, 0);
-    assert_block_gone(e, ids, seed, &blocks[bi]);
-    assert_lookups_stop_at(e, ids, seed, blocks, nb, &r->key, 1);
+    e = fx_reopen(f, ids); /* the repair was durable */
+    fx_assert_clean(e, WL_DISTINCT - 1);
+    assert_block_gone(e, ids, f->seed, &blocks[bi]);
+    assert_lookups_stop_at(e, ids, f->seed, blocks, nb, &r->key, 1);
     kvt_engine_close(e);
     free(recs);
-    tu_rmtree(dir);
+    fx_renew(f); /* the other case in a store of its own */
   }
 }
 BOTH(fsck_finds_and_repairs)
@@ -174,20 +158,17 @@ BOTH(fsck_finds_and_repairs)
  * KVT_ECORRUPT for that read, counted in cold_checksum_failures, and its
  * entry leaves the index (for good): every later read is a miss
  * (KVT_ENOTFOUND) and lookups stop before it. */
-static void corrupt_read_is_miss(uint32_t backend) {
-  char *dir = tu_tmpdir();
-  uint64_t seed = tu_rand();
+static void corrupt_read_is_miss(cold_fx *f) {
   cu_rec *recs;
-  size_t nr = written_store(dir, backend, seed, &recs);
+  size_t nr = written_store(f, &recs);
   uint32_t r1 = tu_below((uint32_t)nr), r2 = (r1 + 1 + tu_below((uint32_t)nr - 1)) % (uint32_t)nr;
   int l1 = (int)tu_below(recs[r1].n_layers), l2 = (int)tu_below(recs[r2].n_layers);
   corrupt(&recs[r1], l1);
 
-  kvt_engine *e = open_cold(dir, backend);
   kvt_ns_id ids[WL_N_NS];
-  assert_int_equal(wl_ids(e, ids), 3);
+  kvt_engine *e = fx_reopen(f, ids);
   wl_block blocks[32];
-  size_t nb = wl_blocks(e, ids, seed, blocks, 32);
+  size_t nb = wl_blocks(e, ids, f->seed, blocks, 32);
   wl_ns w[WL_N_NS];
   wl_get(w);
 
@@ -196,7 +177,7 @@ static void corrupt_read_is_miss(uint32_t backend) {
   const kvt_shape *sh = &w[b1->ns].sh;
   uint64_t salt = tu_salt(w[b1->ns].model);
   const cu_seqspec *sp = &w[b1->ns].specs[b1->spec];
-  uint32_t *tok = cu_seq_tokens(seed, sp, b1->block + 1, sh->block_tokens);
+  uint32_t *tok = cu_seq_tokens(f->seed, sp, b1->block + 1, sh->block_tokens);
   kvt_seq *q;
   assert_int_equal(kvt_seq_create(e, ids[b1->ns], &q), 0);
   for (uint32_t j = 0; j <= b1->block; j++) {
@@ -226,7 +207,7 @@ static void corrupt_read_is_miss(uint32_t backend) {
     }
   kvt_seq_release(q);
   free(tok);
-  assert_lookups_stop_at(e, ids, seed, blocks, nb, &recs[r1].key, 1);
+  assert_lookups_stop_at(e, ids, f->seed, blocks, nb, &recs[r1].key, 1);
 
   /* r2, corrupted while the store is open, through kvt_load_submit/wait. */
   corrupt(&recs[r2], l2);
@@ -234,7 +215,7 @@ static void corrupt_read_is_miss(uint32_t backend) {
   sh = &w[b2->ns].sh;
   uint32_t t2[64], n_exact, n_wrong;
   int status[16];
-  cu_tokens(seed, &w[b2->ns].specs[b2->spec], b2->block, sh->block_tokens, t2);
+  cu_tokens(f->seed, &w[b2->ns].specs[b2->spec], b2->block, sh->block_tokens, t2);
   assert_int_equal(cu_load_block(e, ids[b2->ns], sh, tu_salt(w[b2->ns].model), &b2->key, b2->block,
                                  t2, status, NULL, &n_exact, &n_wrong),
                    KVT_ECORRUPT);
@@ -244,38 +225,25 @@ static void corrupt_read_is_miss(uint32_t backend) {
   tu_stats(e, &st);
   assert_int_equal(st.cold_checksum_failures, 2);
   assert_int_equal(st.cold_records, WL_DISTINCT - 2);
-  assert_block_gone(e, ids, seed, b2);
+  assert_block_gone(e, ids, f->seed, b2);
   kvt_key gone[2] = {recs[r1].key, recs[r2].key};
-  assert_lookups_stop_at(e, ids, seed, blocks, nb, gone, 2);
+  assert_lookups_stop_at(e, ids, f->seed, blocks, nb, gone, 2);
   kvt_engine_close(e);
 
-  e = open_cold(dir, backend); /* still gone; what is left is clean */
-  assert_int_equal(wl_ids(e, ids), 3);
-  tu_stats(e, &st);
-  assert_int_equal(st.cold_records, WL_DISTINCT - 2);
-  kvt_fsck_result fr;
-  assert_int_equal(kvt_fsck(e, 0, &fr, NULL, NULL), 0);
-  assert_int_equal(fr.checked, WL_DISTINCT - 2);
-  assert_int_equal(fr.bad, 0);
-  assert_block_gone(e, ids, seed, b1);
-  assert_block_gone(e, ids, seed, b2);
-  assert_lookups_stop_at(e, ids, seed, blocks, nb, gone, 2);
+  e = fx_reopen(f, ids); /* still gone; what is left is clean */
+  fx_assert_clean(e, WL_DISTINCT - 2);
+  assert_block_gone(e, ids, f->seed, b1);
+  assert_block_gone(e, ids, f->seed, b2);
+  assert_lookups_stop_at(e, ids, f->seed, blocks, nb, gone, 2);
   kvt_engine_close(e);
   free(recs);
-  tu_rmtree(dir);
 }
 BOTH(corrupt_read_is_miss)
 
-int main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
-  tu_seed();
-  if (getenv("KVT_TEST_FILTER")) cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
+int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(fsck_finds_and_repairs_uring),
-      cmocka_unit_test(fsck_finds_and_repairs_pread),
-      cmocka_unit_test(corrupt_read_is_miss_uring),
-      cmocka_unit_test(corrupt_read_is_miss_pread),
+      BOTH_TESTS(fsck_finds_and_repairs),
+      BOTH_TESTS(corrupt_read_is_miss),
   };
-  return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
+  return FX_MAIN(tests);
 }

@@ -12,23 +12,20 @@
 #include "tiers/evict_guard.h"
 
 /* A key in the guard's sample (top bits of its hash zero), or outside. */
-static kvt_key K(uint32_t i, int sampled) {
+static kvt_key key_of(uint64_t h, uint32_t i) {
   kvt_key k = {{0}};
-  uint64_t h = tu_mix(i + 1);
-  h = sampled ? h >> KVT_GUARD_SAMPLE_SHIFT : h | (1ull << 63);
   memcpy(k.b, &h, 8);
   memcpy(k.b + 8, &i, 4);
   return k;
 }
 
-/* A key as the engine makes them: its hash decides whether it is sampled. */
-static kvt_key N(uint32_t i) {
-  kvt_key k = {{0}};
+static kvt_key K(uint32_t i, int sampled) {
   uint64_t h = tu_mix(i + 1);
-  memcpy(k.b, &h, 8);
-  memcpy(k.b + 8, &i, 4);
-  return k;
+  return key_of(sampled ? h >> KVT_GUARD_SAMPLE_SHIFT : h | (1ull << 63), i);
 }
+
+/* A key as the engine makes them: its hash decides whether it is sampled. */
+static kvt_key N(uint32_t i) { return key_of(tu_mix(i + 1), i); }
 
 /* A loop of 10 sampled keys in a tier of 800 blocks: the shadow (100
  * blocks) holds the loop and hits it from the second round on. The tier
@@ -45,14 +42,31 @@ static kvt_guard *feed_loop(kvt_mem *m, uint32_t rounds, int tier_hit) {
   return g;
 }
 
+/* feed_loop on a fresh accounting m; the guard's stats into *st. */
+static kvt_guard *loop_guard(kvt_mem *m, uint32_t rounds, int tier_hit, kvt_guard_stats *st) {
+  kvt_mem_init(m, 0);
+  kvt_guard *g = feed_loop(m, rounds, tier_hit);
+  kvt_guard_stats_get(g, st);
+  return g;
+}
+
+/* Sampled misses of the loop's keys until the guard's trust is
+ * want_trusted, at most max of them; returns how many it took. */
+static uint32_t miss_until(kvt_guard *g, int want_trusted, uint32_t max) {
+  uint32_t n = 0;
+  for (; kvt_guard_trusted(g) != want_trusted && n < max; n++) {
+    kvt_key k = K(n % 10, 1);
+    kvt_guard_access(g, &k, 0, 800);
+  }
+  return n;
+}
+
 /* A tier that misses what LRU hits is found behind it: distrusted. */
 static void test_trips_when_behind(void **state) {
   (void)state;
   kvt_mem m;
-  kvt_mem_init(&m, 0);
-  kvt_guard *g = feed_loop(&m, 20, 0);
   kvt_guard_stats st;
-  kvt_guard_stats_get(g, &st);
+  kvt_guard *g = loop_guard(&m, 20, 0, &st);
   assert_int_equal(kvt_guard_trusted(g), 0);
   assert_int_equal(st.trips, 1);
   kvt_guard_free(g);
@@ -64,10 +78,8 @@ static void test_trips_when_behind(void **state) {
 static void test_trusted_when_even(void **state) {
   (void)state;
   kvt_mem m;
-  kvt_mem_init(&m, 0);
-  kvt_guard *g = feed_loop(&m, 2000, 1);
   kvt_guard_stats st;
-  kvt_guard_stats_get(g, &st);
+  kvt_guard *g = loop_guard(&m, 2000, 1, &st);
   assert_int_equal(kvt_guard_trusted(g), 1);
   assert_int_equal(st.trips, 0);
   assert_true(st.lru_hits > 0 && st.tier_hits == st.lru_hits);
@@ -83,27 +95,16 @@ static void test_retries_and_backs_off(void **state) {
   kvt_mem_init(&m, 0);
   kvt_guard *g = feed_loop(&m, 20, 0);
   assert_int_equal(kvt_guard_trusted(g), 0);
-  uint32_t n = 0;
-  while (!kvt_guard_trusted(g) && n < 100000) {
-    kvt_key k = K(n % 10, 1);
-    kvt_guard_access(g, &k, 0, 800);
-    n++;
-  }
+  uint32_t n = miss_until(g, 1, 100000);
   assert_int_equal(kvt_guard_trusted(g), 1);
   assert_true(n >= 2048);
   uint32_t first = n;
   kvt_guard_stats st;
   kvt_guard_stats_get(g, &st);
   assert_true(st.accesses == 0); /* a fresh trial */
-  for (n = 0; kvt_guard_trusted(g) && n < 1000; n++) {
-    kvt_key k = K(n % 10, 1);
-    kvt_guard_access(g, &k, 0, 800);
-  }
+  miss_until(g, 0, 1000);
   assert_int_equal(kvt_guard_trusted(g), 0);
-  for (n = 0; !kvt_guard_trusted(g) && n < 100000; n++) {
-    kvt_key k = K(n % 10, 1);
-    kvt_guard_access(g, &k, 0, 800);
-  }
+  n = miss_until(g, 1, 100000);
   assert_int_equal(kvt_guard_trusted(g), 1);
   assert_true(n >= 2 * first - 1);
   kvt_guard_stats_get(g, &st);

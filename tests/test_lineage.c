@@ -31,16 +31,22 @@ static void fx_open_opts(fx *f, const kvt_options *o) {
   f->ns = tu_register(f->e, MODEL, &f->sh);
 }
 
-static void fx_open(fx *f, uint32_t flags) {
-  kvt_options o;
-  tu_opts(&o);
-  o.flags = flags;
+/* Everything but the engine: a fresh directory, the shape, both salts,
+ * a K/V buffer and random tokens. */
+static void fx_init(fx *f) {
   f->dir = tu_tmpdir();
   f->sh = tu_shape_small(KVT_F16);
   f->salt = tu_salt(MODEL);
   f->lossy = f->salt ^ 0x9e3779b97f4a7c15ull;
   tu_kv_alloc(&f->kv, &f->sh);
   for (size_t i = 0; i < sizeof f->tok / sizeof f->tok[0]; i++) f->tok[i] = (uint32_t)tu_rand();
+}
+
+static void fx_open(fx *f, uint32_t flags) {
+  kvt_options o;
+  tu_opts(&o);
+  o.flags = flags;
+  fx_init(f);
   fx_open_opts(f, &o);
 }
 
@@ -95,6 +101,24 @@ static kvt_seq *lossy_new(fx *f) {
   return s;
 }
 
+/* A full-cache sequence with all NB blocks put (salt f->salt). */
+static kvt_seq *full_run(fx *f) {
+  kvt_seq *s = seq_new(f);
+  for (uint32_t b = 0; b < NB; b++) append_put(f, s, b, f->salt);
+  return s;
+}
+
+/* A lossy sequence (lossy_new) with its blocks past the exact ones put
+ * (salt f->lossy); their keys into keys[EXACT_BLOCKS..NB) unless NULL. */
+static kvt_seq *lossy_run(fx *f, kvt_key *keys) {
+  kvt_seq *s = lossy_new(f);
+  for (uint32_t b = EXACT_BLOCKS; b < NB; b++) {
+    kvt_key k = append_put(f, s, b, f->lossy).key;
+    if (keys) keys[b] = k;
+  }
+  return s;
+}
+
 static void assert_full_exact(fx *f, kvt_seq *s, uint32_t n) {
   for (uint32_t b = 0; b < n; b++)
     for (uint32_t l = 0; l < f->sh.n_layers; l++) tu_assert_block(s, &f->sh, f->salt, b, l, blk_tok(f, b));
@@ -107,9 +131,8 @@ static void test_full_never_reads_lossy(void **state) {
   (void)state;
   fx f;
   fx_open(&f, KVT_OPEN_VERIFY_DEDUP);
-  kvt_seq *ls = lossy_new(&f);
   kvt_key lkey[NB];
-  for (uint32_t b = EXACT_BLOCKS; b < NB; b++) lkey[b] = append_put(&f, ls, b, f.lossy).key;
+  kvt_seq *ls = lossy_run(&f, lkey);
   assert_int_equal(lineage_of(ls).lossy_puts, (NB - EXACT_BLOCKS) * f.sh.n_layers);
 
   kvt_seq *fs = seq_new(&f);
@@ -142,8 +165,7 @@ static void test_lookup_stops_at_lossy(void **state) {
   (void)state;
   fx f;
   fx_open(&f, 0);
-  kvt_seq *ls = lossy_new(&f);
-  for (uint32_t b = EXACT_BLOCKS; b < NB; b++) append_put(&f, ls, b, f.lossy);
+  kvt_seq *ls = lossy_run(&f, NULL);
   size_t found = 99;
   kvt_lookup_entry ent[NB];
   assert_int_equal(kvt_lookup(f.e, f.ns, f.tok, NB * 4, ent, NB, &found), 0);
@@ -159,8 +181,7 @@ static void test_lossy_does_not_adopt(void **state) {
   (void)state;
   fx f;
   fx_open(&f, KVT_OPEN_VERIFY_DEDUP);
-  kvt_seq *fs = seq_new(&f);
-  for (uint32_t b = 0; b < NB; b++) append_put(&f, fs, b, f.salt);
+  kvt_seq *fs = full_run(&f);
   kvt_seq *ls = lossy_new(&f);
   for (uint32_t b = EXACT_BLOCKS; b < NB; b++)
     assert_int_equal(append_put(&f, ls, b, f.lossy).layers_present, 0);
@@ -199,11 +220,9 @@ static void test_fork_inherits(void **state) {
   (void)state;
   fx f;
   fx_open(&f, KVT_OPEN_VERIFY_DEDUP);
-  kvt_seq *fs = seq_new(&f);
-  for (uint32_t b = 0; b < NB; b++) append_put(&f, fs, b, f.salt);
-  kvt_seq *ls = lossy_new(&f);
+  kvt_seq *fs = full_run(&f);
   kvt_key lkey[NB];
-  for (uint32_t b = EXACT_BLOCKS; b < NB; b++) lkey[b] = append_put(&f, ls, b, f.lossy).key;
+  kvt_seq *ls = lossy_run(&f, lkey);
 
   /* forked at the exact prefix: its next block is not the plain key's */
   kvt_seq *early = NULL;
@@ -254,19 +273,13 @@ static void test_warm_read_is_lossy(void **state) {
   fx f;
   kvt_options o;
   tu_opts(&o);
-  f.dir = tu_tmpdir();
-  f.sh = tu_shape_small(KVT_F16);
-  f.salt = tu_salt(MODEL);
-  f.lossy = f.salt ^ 0x9e3779b97f4a7c15ull;
-  tu_kv_alloc(&f.kv, &f.sh);
-  for (size_t i = 0; i < sizeof f.tok / sizeof f.tok[0]; i++) f.tok[i] = (uint32_t)tu_rand();
+  fx_init(&f);
   /* room for about 2 of the 6 token blocks' layers: the rest go warm */
   uint64_t block = 2 * kvt_shape_block_bytes(&f.sh) + 512;
   o.tier_bytes_limit[KVT_TIER_HOT] = 2 * f.sh.n_layers * block;
   o.tier_bytes_limit[KVT_TIER_WARM] = 1u << 20;
   fx_open_opts(&f, &o);
-  kvt_seq *s = seq_new(&f);
-  for (uint32_t b = 0; b < NB; b++) append_put(&f, s, b, f.salt);
+  kvt_seq *s = full_run(&f);
   kvt_stats st;
   tu_stats(f.e, &st);
   assert_true(st.demotions > 0);
@@ -294,14 +307,9 @@ static void test_policy_warm_is_lossy(void **state) {
   kvt_options o;
   tu_opts(&o);
   o.tier_bytes_limit[KVT_TIER_WARM] = 16u << 20;
-  f.dir = tu_tmpdir();
-  f.sh = tu_shape_small(KVT_F16);
-  f.salt = tu_salt(MODEL);
-  tu_kv_alloc(&f.kv, &f.sh);
-  for (size_t i = 0; i < sizeof f.tok / sizeof f.tok[0]; i++) f.tok[i] = (uint32_t)tu_rand();
+  fx_init(&f);
   fx_open_opts(&f, &o);
-  kvt_seq *s = seq_new(&f);
-  for (uint32_t b = 0; b < NB; b++) append_put(&f, s, b, f.salt);
+  kvt_seq *s = full_run(&f);
   kvt_policy p;
   kvt_policy_init(&p);
   assert_int_equal(kvt_policy_parse("recent", &p.scorer), 0);
@@ -365,12 +373,7 @@ static void test_restart_keeps_apart(void **state) {
   o.cold_segment_bytes = 1u << 20;
   o.cold_index_bytes = 64u << 20;
   o.io_backend = KVT_BACKEND_PREAD;
-  f.dir = tu_tmpdir();
-  f.sh = tu_shape_small(KVT_F16);
-  f.salt = tu_salt(MODEL);
-  f.lossy = f.salt ^ 0x9e3779b97f4a7c15ull;
-  tu_kv_alloc(&f.kv, &f.sh);
-  for (size_t i = 0; i < sizeof f.tok / sizeof f.tok[0]; i++) f.tok[i] = (uint32_t)tu_rand();
+  fx_init(&f);
   fx_open_opts(&f, &o);
   kvt_seq *ls = lossy_new(&f);
   for (uint32_t b = EXACT_BLOCKS; b < NB; b++) append_put(&f, ls, b, f.lossy);

@@ -99,22 +99,34 @@ static void gather_block(fx *f, kvt_seq *s, uint32_t layer, uint32_t b, float *k
   free(vo);
 }
 
-/* Blocks 0, 1 hot; 2..5 warm; 6, 7 out: budget 0.5 of 8 blocks is 4 hot
- * blocks' bytes, half of it warm (2 hot blocks; a warm block takes less
- * than half a hot one, so 4 fit). Then block 5 is scored first: it is
- * promoted in place of block 1 (the weakest hot), which goes warm. */
-static void promote_case(fx *f, int cold, float *k_warm, float *v_warm, kvt_seq **out) {
-  kvt_seq *s;
+static kvt_seq *seq_new(fx *f) {
+  kvt_seq *s = NULL;
   assert_int_equal(kvt_seq_create(f->e, f->ns, &s), 0);
+  return s;
+}
+
+/* A sequence of the NB fixed blocks (durable first when cold), ranked by
+ * score under a budget of 0.5, a warm share of 0.5 and a margin of 0.1. */
+static kvt_seq *ranked_seq(fx *f, int cold, const float *score) {
+  kvt_seq *s = seq_new(f);
   put_blocks(f, s, 0, NB);
   if (cold) {
     assert_int_equal(kvt_sync(f->e), 0);
     assert_int_equal(kvt_seq_durable(s), NB);
   }
-  float score[NB] = {80, 70, 60, 50, 40, 30, 20, 10};
   hint_all(s, &f->sh, score);
   kvt_policy p = tiers_policy(0.5, 0.5, 0.1);
   assert_int_equal(kvt_seq_set_policy(s, &p), 0);
+  return s;
+}
+
+/* Blocks 0, 1 hot; 2..5 warm; 6, 7 out: budget 0.5 of 8 blocks is 4 hot
+ * blocks' bytes, half of it warm (2 hot blocks; a warm block takes less
+ * than half a hot one, so 4 fit). Then block 5 is scored first: it is
+ * promoted in place of block 1 (the weakest hot), which goes warm. */
+static void promote_case(fx *f, int cold, float *k_warm, float *v_warm, kvt_seq **out) {
+  float score[NB] = {80, 70, 60, 50, 40, 30, 20, 10};
+  kvt_seq *s = ranked_seq(f, cold, score);
   for (uint32_t l = 0; l < f->sh.n_layers; l++) {
     uint32_t ex = 0;
     assert_int_equal(tier_of(s, l, 0, &ex), KVT_TIER_HOT);
@@ -131,65 +143,76 @@ static void promote_case(fx *f, int cold, float *k_warm, float *v_warm, kvt_seq 
   *out = s;
 }
 
+/* promote_case's engine and sequence, with K and V buffers of one layer
+ * block: block 5's warm form (kw, vw) and a gather (k, v). */
+typedef struct promo {
+  fx f;
+  size_t each;
+  float *kw, *vw, *k, *v;
+  kvt_seq *s;
+} promo;
+
+static void promo_open(promo *p, int cold) {
+  fx_open(&p->f, cold);
+  p->each = kvt_shape_block_bytes(&p->f.sh);
+  p->kw = malloc(p->each), p->vw = malloc(p->each);
+  p->k = malloc(p->each), p->v = malloc(p->each);
+  promote_case(&p->f, cold, p->kw, p->vw, &p->s);
+}
+
+static void promo_close(promo *p) {
+  kvt_seq_release(p->s);
+  free(p->kw), free(p->vw), free(p->k), free(p->v);
+  fx_close(&p->f);
+}
+
 static void test_promote_exact_from_cold(void **state) {
   (void)state;
-  fx f;
-  fx_open(&f, 1);
-  size_t each = kvt_shape_block_bytes(&f.sh);
-  float *kw = malloc(each), *vw = malloc(each), *k = malloc(each), *v = malloc(each);
-  kvt_seq *s;
-  promote_case(&f, 1, kw, vw, &s);
-  for (uint32_t l = 0; l < f.sh.n_layers; l++) {
+  promo pc;
+  promo_open(&pc, 1);
+  for (uint32_t l = 0; l < pc.f.sh.n_layers; l++) {
     uint32_t ex = 0;
-    assert_int_equal(tier_of(s, l, 5, &ex), KVT_TIER_HOT);
+    assert_int_equal(tier_of(pc.s, l, 5, &ex), KVT_TIER_HOT);
     assert_int_equal(ex, 1);
-    assert_int_equal(tier_of(s, l, 1, NULL), KVT_TIER_WARM);
+    assert_int_equal(tier_of(pc.s, l, 1, NULL), KVT_TIER_WARM);
     kvt_policy_info pi;
-    assert_int_equal(kvt_seq_policy_info(s, l, &pi), 0);
+    assert_int_equal(kvt_seq_policy_info(pc.s, l, &pi), 0);
     assert_int_equal(pi.promotions, 1);
     assert_int_equal(pi.promotions_exact, 1);
     assert_true(pi.kept_bytes <= pi.budget_bytes);
     /* exact: the bytes put, bit for bit */
-    tu_assert_block(s, &f.sh, f.salt, 5, l, f.tok + 5 * f.sh.block_tokens);
-    gather_block(&f, s, l, 5, k, v);
-    tu_kv_fill(&f.kv, &f.sh, f.salt, l, 5, f.tok + 5 * f.sh.block_tokens);
-    assert_memory_equal(k, f.kv.k, each);
-    assert_memory_equal(v, f.kv.v, each);
+    tu_assert_block(pc.s, &pc.f.sh, pc.f.salt, 5, l, pc.f.tok + 5 * pc.f.sh.block_tokens);
+    gather_block(&pc.f, pc.s, l, 5, pc.k, pc.v);
+    tu_kv_fill(&pc.f.kv, &pc.f.sh, pc.f.salt, l, 5, pc.f.tok + 5 * pc.f.sh.block_tokens);
+    assert_memory_equal(pc.k, pc.f.kv.k, pc.each);
+    assert_memory_equal(pc.v, pc.f.kv.v, pc.each);
   }
-  assert_true(memcmp(kw, k, each) != 0 || memcmp(vw, v, each) != 0); /* warm was not exact */
-  kvt_seq_release(s);
-  free(kw), free(vw), free(k), free(v);
-  fx_close(&f);
+  assert_true(memcmp(pc.kw, pc.k, pc.each) != 0 || memcmp(pc.vw, pc.v, pc.each) != 0); /* warm was not exact */
+  promo_close(&pc);
 }
 
 static void test_promote_dequantized_without_cold(void **state) {
   (void)state;
-  fx f;
-  fx_open(&f, 0);
-  size_t each = kvt_shape_block_bytes(&f.sh);
-  float *kw = malloc(each), *vw = malloc(each), *k = malloc(each), *v = malloc(each);
-  kvt_seq *s;
-  promote_case(&f, 0, kw, vw, &s);
-  for (uint32_t l = 0; l < f.sh.n_layers; l++) {
+  promo pc;
+  promo_open(&pc, 0);
+  for (uint32_t l = 0; l < pc.f.sh.n_layers; l++) {
     uint32_t ex = 1;
-    assert_int_equal(tier_of(s, l, 5, &ex), KVT_TIER_HOT);
+    assert_int_equal(tier_of(pc.s, l, 5, &ex), KVT_TIER_HOT);
     assert_int_equal(ex, 0); /* approximate */
     kvt_policy_info pi;
-    assert_int_equal(kvt_seq_policy_info(s, l, &pi), 0);
+    assert_int_equal(kvt_seq_policy_info(pc.s, l, &pi), 0);
     assert_int_equal(pi.promotions, 1);
     assert_int_equal(pi.promotions_exact, 0);
     assert_true(pi.kept_bytes <= pi.budget_bytes);
-    gather_block(&f, s, l, 5, k, v);
+    gather_block(&pc.f, pc.s, l, 5, pc.k, pc.v);
     if (l == 0) { /* the warm form's values, now hot: what attention read before */
-      assert_memory_equal(k, kw, each);
-      assert_memory_equal(v, vw, each);
+      assert_memory_equal(pc.k, pc.kw, pc.each);
+      assert_memory_equal(pc.v, pc.vw, pc.each);
     }
-    tu_kv_fill(&f.kv, &f.sh, f.salt, l, 5, f.tok + 5 * f.sh.block_tokens);
-    assert_true(memcmp(k, f.kv.k, each) != 0 || memcmp(v, f.kv.v, each) != 0);
+    tu_kv_fill(&pc.f.kv, &pc.f.sh, pc.f.salt, l, 5, pc.f.tok + 5 * pc.f.sh.block_tokens);
+    assert_true(memcmp(pc.k, pc.f.kv.k, pc.each) != 0 || memcmp(pc.v, pc.f.kv.v, pc.each) != 0);
   }
-  kvt_seq_release(s);
-  free(kw), free(vw), free(k), free(v);
-  fx_close(&f);
+  promo_close(&pc);
 }
 
 /* Block 5 (warm) is scored just below, then just above, the weakest hot
@@ -200,13 +223,8 @@ static void test_hysteresis(void **state) {
   (void)state;
   fx f;
   fx_open(&f, 0);
-  kvt_seq *s;
-  assert_int_equal(kvt_seq_create(f.e, f.ns, &s), 0);
-  put_blocks(&f, s, 0, NB);
   float score[NB] = {80, 70, 60, 50, 40, 30, 20, 10};
-  hint_all(s, &f.sh, score);
-  kvt_policy p = tiers_policy(0.5, 0.5, 0.1);
-  assert_int_equal(kvt_seq_set_policy(s, &p), 0);
+  kvt_seq *s = ranked_seq(&f, 0, score);
   kvt_policy_info pi0;
   assert_int_equal(kvt_seq_policy_info(s, 0, &pi0), 0);
   for (int i = 0; i < 50; i++) {
@@ -281,8 +299,7 @@ static void test_budget_forks_shared(void **state) {
   (void)state;
   fx f;
   fx_open(&f, 1);
-  kvt_seq *s[3] = {NULL, NULL, NULL};
-  assert_int_equal(kvt_seq_create(f.e, f.ns, &s[0]), 0);
+  kvt_seq *s[3] = {seq_new(&f), NULL, NULL};
   kvt_policy p = tiers_policy(0.4, 0.6, 0.05);
   assert_int_equal(kvt_seq_set_policy(s[0], &p), 0);
   put_blocks(&f, s[0], 0, 12);
@@ -324,8 +341,7 @@ static void test_refused(void **state) {
   (void)state;
   fx f;
   fx_open(&f, 0);
-  kvt_seq *s;
-  assert_int_equal(kvt_seq_create(f.e, f.ns, &s), 0);
+  kvt_seq *s = seq_new(&f);
   const double bad_warm[] = {-0.1, 1.0, NAN};
   for (size_t i = 0; i < 3; i++) {
     kvt_policy p = tiers_policy(0.5, bad_warm[i], 0.1);

@@ -12,54 +12,45 @@
 #include "io/io.h"
 #include "tiers/cold_record.h"
 
-/* The layouts as structs of byte arrays (no padding): offsetof checks the
- * offsets above, sizeof the fixed sizes. Used for nothing else. */
-typedef struct rec_header_layout {
-  uint8_t magic[8], hdr_len[4], rec_len[4], seg_gen[8], key[16], parent[16], ns_seed[16], pos[4],
-      n_layers[4], dtype[4], bytes_each[4];
-} rec_header_layout;
-typedef struct rec_entry_layout {
-  uint8_t format[4], seg[4], seg_gen[8], offset[8], rec_len[4], n_layers[4], dtype[4],
-      bytes_each[4], parent[16], pos[4], reserved[4], ns_seed[16];
-} rec_entry_layout;
-typedef struct rec_slice_layout {
-  uint8_t rel_off[4], stored_len[4], raw_len[4], codec[1], zero[3], checksum[8];
-} rec_slice_layout;
+/* The layouts as structs of byte arrays (no padding), each from one list
+ * of (field, bytes, offset): the list makes the struct, and offsetof
+ * checks every offset of cold_record.h against it (REC_T names the struct
+ * being checked), sizeof the fixed sizes. Used for nothing else. */
+#define REC_HEADER_FIELDS(F)                                                                   \
+  F(magic, 8, KVT_REC_H_MAGIC) F(hdr_len, 4, KVT_REC_H_HDR_LEN) F(rec_len, 4, KVT_REC_H_REC_LEN) \
+  F(seg_gen, 8, KVT_REC_H_SEG_GEN) F(key, 16, KVT_REC_H_KEY) F(parent, 16, KVT_REC_H_PARENT)   \
+  F(ns_seed, 16, KVT_REC_H_NS_SEED) F(pos, 4, KVT_REC_H_POS) F(n_layers, 4, KVT_REC_H_N_LAYERS) \
+  F(dtype, 4, KVT_REC_H_DTYPE) F(bytes_each, 4, KVT_REC_H_BYTES_EACH)
+#define REC_ENTRY_FIELDS(F)                                                                    \
+  F(format, 4, KVT_REC_E_FORMAT) F(seg, 4, KVT_REC_E_SEG) F(seg_gen, 8, KVT_REC_E_SEG_GEN)      \
+  F(offset, 8, KVT_REC_E_OFFSET) F(rec_len, 4, KVT_REC_E_REC_LEN) F(n_layers, 4, KVT_REC_E_N_LAYERS) \
+  F(dtype, 4, KVT_REC_E_DTYPE) F(bytes_each, 4, KVT_REC_E_BYTES_EACH) F(parent, 16, KVT_REC_E_PARENT) \
+  F(pos, 4, KVT_REC_E_POS) F(reserved, 4, KVT_REC_E_RESERVED) F(ns_seed, 16, KVT_REC_E_NS_SEED)
+#define REC_SLICE_FIELDS(F)                                                                    \
+  F(rel_off, 4, KVT_REC_S_REL_OFF) F(stored_len, 4, KVT_REC_S_STORED_LEN)                       \
+  F(raw_len, 4, KVT_REC_S_RAW_LEN) F(codec, 1, KVT_REC_S_CODEC) F(zero, 3, KVT_REC_S_CODEC + 1) \
+  F(checksum, 8, KVT_REC_S_CHECKSUM)
 
-#define REC_AT(type, field, off) \
-  _Static_assert(offsetof(type, field) == (off), #type "." #field " is not at " #off)
-REC_AT(rec_header_layout, magic, KVT_REC_H_MAGIC);
-REC_AT(rec_header_layout, hdr_len, KVT_REC_H_HDR_LEN);
-REC_AT(rec_header_layout, rec_len, KVT_REC_H_REC_LEN);
-REC_AT(rec_header_layout, seg_gen, KVT_REC_H_SEG_GEN);
-REC_AT(rec_header_layout, key, KVT_REC_H_KEY);
-REC_AT(rec_header_layout, parent, KVT_REC_H_PARENT);
-REC_AT(rec_header_layout, ns_seed, KVT_REC_H_NS_SEED);
-REC_AT(rec_header_layout, pos, KVT_REC_H_POS);
-REC_AT(rec_header_layout, n_layers, KVT_REC_H_N_LAYERS);
-REC_AT(rec_header_layout, dtype, KVT_REC_H_DTYPE);
-REC_AT(rec_header_layout, bytes_each, KVT_REC_H_BYTES_EACH);
+#define REC_FIELD(field, bytes, off) uint8_t field[bytes];
+#define REC_AT(field, bytes, off) \
+  _Static_assert(offsetof(REC_T, field) == (off), "layout: " #field " is not at " #off);
+
+typedef struct rec_header_layout { REC_HEADER_FIELDS(REC_FIELD) } rec_header_layout;
+typedef struct rec_entry_layout { REC_ENTRY_FIELDS(REC_FIELD) } rec_entry_layout;
+typedef struct rec_slice_layout { REC_SLICE_FIELDS(REC_FIELD) } rec_slice_layout;
+#define REC_T rec_header_layout
+REC_HEADER_FIELDS(REC_AT)
+#undef REC_T
+#define REC_T rec_entry_layout
+REC_ENTRY_FIELDS(REC_AT)
+#undef REC_T
+#define REC_T rec_slice_layout
+REC_SLICE_FIELDS(REC_AT)
+#undef REC_T
 _Static_assert(sizeof(rec_header_layout) == KVT_REC_FIXED, "record header fixed part");
 _Static_assert(KVT_REC_FIXED == 88, "the record header's fixed part is 88 bytes in format 1");
-REC_AT(rec_entry_layout, format, KVT_REC_E_FORMAT);
-REC_AT(rec_entry_layout, seg, KVT_REC_E_SEG);
-REC_AT(rec_entry_layout, seg_gen, KVT_REC_E_SEG_GEN);
-REC_AT(rec_entry_layout, offset, KVT_REC_E_OFFSET);
-REC_AT(rec_entry_layout, rec_len, KVT_REC_E_REC_LEN);
-REC_AT(rec_entry_layout, n_layers, KVT_REC_E_N_LAYERS);
-REC_AT(rec_entry_layout, dtype, KVT_REC_E_DTYPE);
-REC_AT(rec_entry_layout, bytes_each, KVT_REC_E_BYTES_EACH);
-REC_AT(rec_entry_layout, parent, KVT_REC_E_PARENT);
-REC_AT(rec_entry_layout, pos, KVT_REC_E_POS);
-REC_AT(rec_entry_layout, reserved, KVT_REC_E_RESERVED);
-REC_AT(rec_entry_layout, ns_seed, KVT_REC_E_NS_SEED);
 _Static_assert(sizeof(rec_entry_layout) == KVT_REC_ENTRY_FIXED, "block entry fixed part");
 _Static_assert(KVT_REC_ENTRY_FIXED == 80, "the block entry's fixed part is 80 bytes in format 1");
-REC_AT(rec_slice_layout, rel_off, KVT_REC_S_REL_OFF);
-REC_AT(rec_slice_layout, stored_len, KVT_REC_S_STORED_LEN);
-REC_AT(rec_slice_layout, raw_len, KVT_REC_S_RAW_LEN);
-REC_AT(rec_slice_layout, codec, KVT_REC_S_CODEC);
-REC_AT(rec_slice_layout, checksum, KVT_REC_S_CHECKSUM);
 _Static_assert(sizeof(rec_slice_layout) == KVT_REC_SLICE && KVT_REC_SLICE == 24, "slice row");
 _Static_assert(sizeof KVT_REC_MAGIC - 1 == sizeof(((rec_header_layout *)0)->magic), "magic");
 
