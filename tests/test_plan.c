@@ -1,7 +1,7 @@
 /* test_plan.c - capacity planning. The metadata-only cold tier through the
  * public API; `kvtier plan` (the binary in $KVTIER_BIN) against simulations
  * written here, independently of the engine: a plain LRU cache and the
- * default chain order at bounded capacities on small generated traces
+ * chain order at bounded capacities on small generated traces
  * (with the bytes and NVMe bandwidth computed by hand), and the Mooncake
  * trace's maximum prefix reuse with
  * unbounded capacity ($KVTIER_DATA, default $KVTIER_SRC/../shared/data;
@@ -280,7 +280,7 @@ static void test_replay_matches_lru_sim(void **state) {
   tu_rmtree(dir);
 }
 
-/* ---- an independent simulation of the default order (chain) --------------- */
+/* ---- an independent simulation of the chain order ------------------------- */
 
 /* The CHAIN order as docs/capacity-planning.md and kvtier.h state it,
  * written here on arrays (small traces only): only leaves - blocks with no
@@ -395,7 +395,7 @@ static double json_f64_in(const char *json, const char *section, const char *key
   return strtod(p + strlen(pat), NULL);
 }
 
-/* The default order at bounded capacities, on random traces, against the
+/* The chain order at bounded capacities, on random traces, against the
  * simulation above; and the figures derived from it against hand-computed
  * ones: bytes per token and per tier from the model's shape and the record
  * size (kvt_cold_record_bytes, the format's own function), bytes read and
@@ -418,8 +418,9 @@ static void test_replay_chain_matches_sim(void **state) {
     for (size_t ci = 0; ci < sizeof caps / sizeof *caps; ci++) {
       ch_sim c;
       chain_sim(r, n_req, caps[ci], 100, &c);
-      snprintf(cmd, sizeof cmd, "%s plan --model smollm2-1.7b --trace %s --cold-tokens %zu --json",
-               b, path, caps[ci] * BT);
+      snprintf(cmd, sizeof cmd,
+               "%s plan --model smollm2-1.7b --trace %s --cold-tokens %zu --policy chain --json", b,
+               path, caps[ci] * BT);
       int st;
       char *out = run(cmd, &st);
       assert_int_equal(st, 0);
@@ -776,6 +777,36 @@ static void test_admit_min_seen(void **state) {
   assert_true(written[2] > 0 && written[2] < written[0]);
 }
 
+/* Without --policy, plan replays the learned order (KVT_EVICT_LEARNED):
+ * it says so, and its figures are those of --policy learned, not chain's,
+ * on a trace where the two differ. */
+static void test_default_policy_learned(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir(), path[512], cmd[1024];
+  snprintf(path, sizeof path, "%s/default.jsonl", dir);
+  size_t n_req = 400;
+  trace_req *r = calloc(n_req, sizeof *r);
+  gen_trace(r, n_req, path);
+  const char *opt[] = {"", "--policy learned", "--policy chain"};
+  uint64_t saved[3];
+  for (int i = 0; i < 3; i++) {
+    snprintf(cmd, sizeof cmd, "%s plan --model smollm2-1.7b --trace %s --cold-tokens %d %s --json", bin(),
+             path, 40 * BT, opt[i]);
+    int st;
+    char *out = run(cmd, &st);
+    assert_int_equal(st, 0);
+    if (i < 2) assert_non_null(strstr(out, "\"policy\": \"learned\""));
+    saved[i] = json_u64_in(out, "\"replay\": {", "prefill_tokens_saved");
+    free(out);
+  }
+  print_message("tokens saved: default %llu, learned %llu, chain %llu\n", (unsigned long long)saved[0],
+                (unsigned long long)saved[1], (unsigned long long)saved[2]);
+  assert_int_equal(saved[0], saved[1]);
+  assert_true(saved[0] != saved[2]);
+  free(r);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -791,6 +822,7 @@ int main(void) {
       cmocka_unit_test(test_huge_capacity),
       cmocka_unit_test(test_capacities_sorted),
       cmocka_unit_test(test_admit_min_seen),
+      cmocka_unit_test(test_default_policy_learned),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

@@ -415,7 +415,7 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   e->tail = ev->policy == KVT_EVICT_CHAIN || ev->policy == KVT_EVICT_LEARNED;
   if (learned(ev) && !kvt_reuse_recall(ev->model, key, e->rb)) {
     const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
-    kvt_reuse_blk_init(e->rb, ph ? ph->depth + 1 : 0, ph ? ph->ns : 0);
+    kvt_reuse_blk_init(e->rb, ph ? ph->depth + 1 : 0, ph ? ph->ns : 0, ph);
   }
   if (learned(ev)) count_access(ev, 0, 1);
   if (learned(ev) && e->rb->staged) { /* its access was counted by kvt_evict_admit */
@@ -543,7 +543,7 @@ int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, ui
   if (!learned(ev) || find(ev, key)) return 1; /* (tracked: the write is a touch) */
   kvt_reuse_blk b;
   const kvt_reuse_blk *ph = parent_hist(ev, parent);
-  if (!kvt_reuse_recall(ev->model, key, &b)) kvt_reuse_blk_init(&b, depth, ns);
+  if (!kvt_reuse_recall(ev->model, key, &b)) kvt_reuse_blk_init(&b, depth, ns, ph);
   b.depth = depth;
   b.ns = ns;
   count_access(ev, 1, 0);

@@ -36,7 +36,7 @@
 #define REFRESH 2048 /* accesses between two refreshes of the density table */
 #define DECAY_AT (1u << 20) /* counts halve past this many accesses: a drifting workload */
 #define STATE_MAGIC "KVTRUSE1"
-#define STATE_VERSION 2u /* 1: the logistic model's weights */
+#define STATE_VERSION 3u /* 1: the logistic model's weights; 2: six classes */
 
 typedef struct hist_ent {
   kvt_key key;
@@ -80,10 +80,18 @@ static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
  * another grows from 24% for a block's first to 91% past its sixth. Also
  * tried there as classes, and dropped because they did not raise the hit
  * rate: the block's depth in its chain, the gap between its last two
- * accesses, the turn of its conversation. */
+ * accesses, the turn of its conversation.
+ * A block's first access is split in two by its chain parent's accesses
+ * when it was written: a parent accessed once means the prefix is new
+ * content (a conversation's new turn past its first new block, or a new
+ * conversation), and on the conversation trace those come back later and
+ * more rarely than the first block written after a prefix that was hit.
+ * This split raised the hit rate on both halves of that trace, replayed
+ * apart, at 1M and 3M tokens (docs/capacity-planning.md). */
 static uint8_t class_of(const kvt_reuse_blk *b) {
+  if (b->hits == 1 && b->fresh) return C - 1; /* new content: see below */
   uint32_t h = b->hits <= 4 ? b->hits - 1 : b->hits <= 8 ? 4 : 5; /* hits >= 1 here */
-  return (uint8_t)min_u32(h, C - 1);
+  return (uint8_t)min_u32(h, C - 2);
 }
 
 int kvt_reuse_create(kvt_mem *m, int cat, uint32_t history_slots, kvt_reuse **out) {
@@ -116,10 +124,11 @@ uint64_t kvt_reuse_horizon(const kvt_reuse *r) { return r->horizon; }
 uint64_t kvt_reuse_now(const kvt_reuse *r) { return r->now; }
 uint64_t kvt_reuse_trained(const kvt_reuse *r) { return r->trained; }
 
-void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns) {
+void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns, const kvt_reuse_blk *parent) {
   memset(b, 0, sizeof *b);
   b->depth = depth;
   b->ns = ns;
+  b->fresh = parent && parent->hits <= 1;
 }
 
 /* ---------- densities ---------- */

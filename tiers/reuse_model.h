@@ -18,7 +18,7 @@
 #include "base/mem.h"
 #include "kvtier.h"
 
-#define KVT_REUSE_CLASSES 6  /* blocks by accesses seen: 1, 2, 3, 4, 5-8, more */
+#define KVT_REUSE_CLASSES 7  /* blocks by accesses seen: 1, 2, 3, 4, 5-8, more; 1 on new content */
 #define KVT_REUSE_BUCKETS 48 /* distances and ages: two buckets an octave, up to 2^24 */
 
 /* What the model remembers of one block; the owner keeps it beside the
@@ -30,6 +30,7 @@ typedef struct kvt_reuse_blk {
   uint32_t ns;     /* namespace */
   uint8_t cls;     /* class at its last access (its pending distance counts there) */
   uint8_t staged;  /* accessed by an admission the tier has not added yet */
+  uint8_t fresh;   /* extends a prefix seen once: new content (kvt_reuse_blk_init) */
 } kvt_reuse_blk;
 
 typedef struct kvt_reuse kvt_reuse;
@@ -46,8 +47,13 @@ uint64_t kvt_reuse_horizon(const kvt_reuse *r);
 /* The model's clock: accesses seen so far. */
 uint64_t kvt_reuse_now(const kvt_reuse *r);
 
-/* A fresh history for a block at depth in namespace ns (never accessed). */
-void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns);
+/* A fresh history for a block at depth in namespace ns (never accessed),
+ * whose chain parent's history is parent (NULL: a chain head, or a parent
+ * neither held nor remembered). A block whose parent had been accessed
+ * only once - in the request writing both, so their prefix is new - is
+ * classed apart on its first access: new content, as opposed to the
+ * first block written after a prefix that came back. */
+void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns, const kvt_reuse_blk *parent);
 /* One access of b (a hit, or a write after a miss): counts the distance
  * from its previous access in the class it had then, moves it to its new
  * class and advances the clock. */

@@ -5,7 +5,7 @@
  * under its limit, no payloads, no syncs. Every request is looked up
  * (its leading run of stored blocks is its hit), then appended, and the
  * blocks nobody had are put (computed). Two engines see every request in
- * the same order: one evicting in the chosen order (KVT_EVICT_CHAIN by
+ * the same order: one evicting in the chosen order (KVT_EVICT_LEARNED by
  * default) and one in plain LRU, so the gain is measured, not claimed;
  * beside them Belady's MIN (plan_belady.c) replays the same block accesses
  * knowing the future: the ceiling for the capacity.
@@ -100,7 +100,7 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--gpu-tflops", "T", CLI_STR, &c->tflops, 0, 0, "effective GPU TFLOP/s for that default (400)"},
       {"--admit-min-seen", "N", CLI_U64, &c->min_seen, 1, 1u << 20,
        "cold admission: write a block once seen N times (default 1)"},
-      {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: chain (default), chain-leaf, learned, lru"},
+      {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: learned (default), chain, chain-leaf, lru"},
       {"--sweep", NULL, CLI_FLAG, &c->sweep, 0, 0, "replay at several cold capacities, hot and warm at 0"},
       {"--capacities", "LIST", CLI_STR, &c->caps, 0, 0, "sweep capacities (default 1M,2M,3M,5M,10M,20M,50M,inf)"},
       {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg, none with --json)"},
@@ -204,11 +204,11 @@ static int parse_caps(const char *list, plan_setup *p)
 
 static int parse_policy(const char *s, int *out)
 {
-  if (!s || strcmp(s, "chain") == 0) *out = KVT_EVICT_CHAIN;
+  if (!s || strcmp(s, "learned") == 0) *out = KVT_EVICT_LEARNED;
+  else if (strcmp(s, "chain") == 0) *out = KVT_EVICT_CHAIN;
   else if (strcmp(s, "lru") == 0) *out = KVT_EVICT_LRU;
   else if (strcmp(s, "chain-leaf") == 0) *out = KVT_EVICT_CHAIN_LEAF;
-  else if (strcmp(s, "learned") == 0) *out = KVT_EVICT_LEARNED;
-  else return bad("--policy", s, "chain, chain-leaf, learned or lru");
+  else return bad("--policy", s, "learned, chain, chain-leaf or lru");
   return CLI_OK;
 }
 
