@@ -1,9 +1,11 @@
-/* rcluster.c - Redis Cluster client (io/rcluster.h). hiredis 0.14 does the
- * protocol (command formatting, reply parsing); this file does the routing,
- * the per-node pipelines and every bound. Sockets are non-blocking and all
- * waiting is one poll() over the nodes of a batch, so no call can block
- * past the batch deadline; writes use send(MSG_NOSIGNAL) rather than
- * hiredis's write(), so a node that died cannot raise SIGPIPE. */
+/* rcluster.c - Redis Cluster client (io/rcluster.h). hiredis 0.14 connects
+ * and speaks AUTH and CLUSTER SLOTS; the data commands' requests and replies
+ * go through rcluster_wire.c (values sent in place, read once); this file
+ * does the routing, the per-node pipelines and every bound. Sockets are
+ * non-blocking and all waiting is one poll() over the nodes of a batch, so
+ * no call can block past the batch deadline; writes use send/sendmsg with
+ * MSG_NOSIGNAL rather than hiredis's write(), so a node that died cannot
+ * raise SIGPIPE. */
 #include "io/rcluster.h"
 #include "io/rcluster_wire.h"
 
