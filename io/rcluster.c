@@ -1,10 +1,13 @@
-/* rcluster.c - Redis Cluster client (io/rcluster.h). hiredis 0.14 does the
- * protocol (command formatting, reply parsing); this file does the routing,
- * the per-node pipelines and every bound. Sockets are non-blocking and all
- * waiting is one poll() over the nodes of a batch, so no call can block
- * past the batch deadline; writes use send(MSG_NOSIGNAL) rather than
- * hiredis's write(), so a node that died cannot raise SIGPIPE. */
+/* rcluster.c - Redis Cluster client (io/rcluster.h). hiredis 0.14 connects
+ * and speaks AUTH and CLUSTER SLOTS; the data commands' requests and replies
+ * go through rcluster_wire.c (values sent in place, read once); this file
+ * does the routing, the per-node pipelines and every bound. Sockets are
+ * non-blocking and all waiting is one poll() over the nodes of a batch, so
+ * no call can block past the batch deadline; writes use send/sendmsg with
+ * MSG_NOSIGNAL rather than hiredis's write(), so a node that died cannot
+ * raise SIGPIPE. */
 #include "io/rcluster.h"
+#include "io/rcluster_wire.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -25,6 +28,7 @@
 /* One recv() per readable event; hiredis's own read takes 16 KiB, four
  * system calls per 64 KiB value. */
 #define RC_READ_BYTES (256u << 10)
+#define RC_READS_PER_EVENT 8u /* reads of one node per poll, so the others get their turn */
 
 typedef struct rc_node {
   char host[RC_HOST_MAX];
@@ -38,6 +42,7 @@ typedef struct rc_node {
   int asking_seen;        /* the ASKING reply of q[replied] was consumed */
   int failed;             /* failed in this round: the rest of its queue retries */
   uint64_t progress_ms;   /* last byte in or out, for command_timeout_ms */
+  rc_wire w;              /* the rounds' requests and replies */
 } rc_node;
 
 #define RC_ASK_BIT 0x80000000u
@@ -149,6 +154,11 @@ static int node_get(kvt_rc *rc, const char *host, size_t host_len, int port) {
 static void node_drop(rc_node *nd) {
   if (nd->c) redisFree(nd->c);
   nd->c = NULL;
+  rc_wire_reset(&nd->w);
+}
+
+static int node_out_pending(const rc_node *nd) {
+  return sdslen(nd->c->obuf) || rc_wire_pending(&nd->w);
 }
 
 /* Send what the context has buffered, without blocking. -1 on error. */
@@ -167,7 +177,9 @@ static int node_flush(kvt_rc *rc, rc_node *nd, uint64_t t) {
     sdsrange(c->obuf, w, -1);
     len = sdslen(c->obuf);
   }
-  return 0;
+  int s = rc_wire_send(&nd->w, c->fd);
+  if (s > 0) nd->progress_ms = t;
+  return s < 0 ? -1 : 0;
 }
 
 /* Read what the socket holds (one recv, without blocking) into the
@@ -532,7 +544,10 @@ int kvt_rc_open(const kvt_rc_config *cfg, kvt_rc **out, char *err, size_t err_le
 
 void kvt_rc_close(kvt_rc *rc) {
   if (!rc) return;
-  for (uint32_t i = 0; i < rc->n_nodes; i++) node_drop(&rc->nodes[i]);
+  for (uint32_t i = 0; i < rc->n_nodes; i++) {
+    node_drop(&rc->nodes[i]);
+    rc_wire_free(&rc->nodes[i].w);
+  }
   free(rc->work);
   free(rc->queue);
   free(rc->rbuf);
@@ -661,18 +676,19 @@ static void reply_handle(kvt_rc *rc, kvt_rc_cmd *c, rc_work *w, redisReply *r) {
 
 /* ------------------------------------------------------------ one round */
 
-static void cmd_append(rc_node *nd, const kvt_rc_cmd *c, int asking) {
-  redisContext *x = nd->c;
-  const void *k = c->key ? c->key : ""; /* key_len is 0 then */
-  if (asking) redisAppendCommand(x, "ASKING");
-  switch (c->op) {
-  case KVT_RC_GET: redisAppendCommand(x, "GET %b", k, c->key_len); break;
-  case KVT_RC_SET_NX:
-    redisAppendCommand(x, "SET %b %b NX", k, c->key_len, c->val, c->val_len);
-    break;
-  case KVT_RC_DEL: redisAppendCommand(x, "DEL %b", k, c->key_len); break;
-  case KVT_RC_EXISTS: redisAppendCommand(x, "EXISTS %b", k, c->key_len); break;
+/* Queue the command (after ASKING when asked): 0, or -1 out of memory,
+ * when the connection is out of step and must be failed. */
+static int cmd_append(rc_node *nd, const kvt_rc_cmd *c, int asking) {
+  static const char *const name[] = {"", "GET", "SET", "DEL", "EXISTS"};
+  /* GET/DEL/EXISTS key, or SET key val NX; the value is sent in place */
+  const void *argv[4] = {name[c->op], c->key ? c->key : "", c->val ? c->val : "", "NX"};
+  size_t lens[4] = {strlen(name[c->op]), c->key_len, c->val_len, 2};
+  if (asking) {
+    const void *a[1] = {"ASKING"};
+    size_t al[1] = {6};
+    if (rc_wire_cmd(&nd->w, 1, a, al)) return -1;
   }
+  return rc_wire_cmd(&nd->w, c->op == KVT_RC_SET_NX ? 4 : 2, argv, lens) ? -1 : 0;
 }
 
 /* The node failed mid-round: the connection is out of step, so close it;
@@ -693,8 +709,9 @@ static void node_fail(kvt_rc *rc, rc_node *nd, rc_work *work, int how) {
   nd->replied = nd->qn;
 }
 
-/* Append commands while the node's window allows; always at least one. */
-static void node_fill(kvt_rc *rc, rc_node *nd, const kvt_rc_cmd *cmds, const rc_work *work) {
+/* Append commands while the node's window allows; always at least one.
+ * -1 when one could not be queued (no memory). */
+static int node_fill(kvt_rc *rc, rc_node *nd, const kvt_rc_cmd *cmds, const rc_work *work) {
   while (nd->sent < nd->qn) {
     uint32_t i = nd->q[nd->sent] & ~RC_ASK_BIT;
     uint64_t b = work[i].req_bytes;
@@ -702,26 +719,19 @@ static void node_fill(kvt_rc *rc, rc_node *nd, const kvt_rc_cmd *cmds, const rc_
     if (outstanding && (outstanding >= rc->cfg.max_inflight_requests ||
                         nd->inflight_bytes + b > rc->cfg.max_inflight_bytes))
       break;
-    cmd_append(nd, &cmds[i], (nd->q[nd->sent] & RC_ASK_BIT) != 0);
+    if (cmd_append(nd, &cmds[i], (nd->q[nd->sent] & RC_ASK_BIT) != 0)) return -1;
     nd->inflight_bytes += b;
     nd->sent++;
   }
+  return 0;
 }
 
-/* Read what arrived and hand each complete reply to its command. */
-static void node_read(kvt_rc *rc, rc_node *nd, kvt_rc_cmd *cmds, rc_work *work, uint64_t t) {
-  if (node_recv(rc, nd) < 0) {
-    node_fail(rc, nd, work, F_COUNT);
-    return;
-  }
-  nd->progress_ms = t;
+/* Hand each complete reply to its command. 0, or -1 on a protocol error. */
+static int node_replies(kvt_rc *rc, rc_node *nd, kvt_rc_cmd *cmds, rc_work *work) {
   while (nd->replied < nd->sent) {
-    void *reply = NULL;
-    if (redisGetReplyFromReader(nd->c, &reply) != REDIS_OK) {
-      node_fail(rc, nd, work, F_COUNT);
-      return;
-    }
-    if (!reply) return;
+    redisReply *reply = NULL;
+    int g = rc_wire_reply(&nd->w, rc->cfg.max_value_bytes, &reply);
+    if (g <= 0) return g;
     uint32_t qi = nd->q[nd->replied];
     if ((qi & RC_ASK_BIT) && !nd->asking_seen) { /* +OK of ASKING */
       freeReplyObject(reply);
@@ -733,6 +743,21 @@ static void node_read(kvt_rc *rc, rc_node *nd, kvt_rc_cmd *cmds, rc_work *work, 
     nd->inflight_bytes -= work[i].req_bytes;
     nd->replied++;
     reply_handle(rc, &cmds[i], &work[i], reply);
+  }
+  return 0;
+}
+
+/* Read what arrived (a few reads while the socket has more: a 2 MiB
+ * value comes in pieces) and hand each complete reply to its command. */
+static void node_read(kvt_rc *rc, rc_node *nd, kvt_rc_cmd *cmds, rc_work *work, uint64_t t) {
+  for (unsigned k = 0; k < RC_READS_PER_EVENT && nd->replied < nd->sent; k++) {
+    int r = rc_wire_recv(&nd->w, nd->c->fd);
+    if (r < 0 || node_replies(rc, nd, cmds, work) < 0) {
+      node_fail(rc, nd, work, F_COUNT);
+      return;
+    }
+    if (!r) break;
+    nd->progress_ms = t;
   }
 }
 
@@ -773,14 +798,13 @@ static void round_run(kvt_rc *rc, kvt_rc_cmd *cmds, rc_work *work, uint32_t *act
         node_fail(rc, nd, work, F_COUNT | F_TIMEOUT | F_DOWN);
         continue;
       }
-      node_fill(rc, nd, cmds, work);
-      if (node_flush(rc, nd, t) < 0) {
+      if (node_fill(rc, nd, cmds, work) < 0 || node_flush(rc, nd, t) < 0) {
         node_fail(rc, nd, work, F_COUNT);
         continue;
       }
       if (nd->progress_ms + rc->cfg.command_timeout_ms < wake)
         wake = nd->progress_ms + rc->cfg.command_timeout_ms;
-      pfd[np] = (struct pollfd){nd->c->fd, (short)(POLLIN | (sdslen(nd->c->obuf) ? POLLOUT : 0)), 0};
+      pfd[np] = (struct pollfd){nd->c->fd, (short)(POLLIN | (node_out_pending(nd) ? POLLOUT : 0)), 0};
       who[np++] = active[a];
     }
     if (!np) return;
