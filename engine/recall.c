@@ -324,6 +324,24 @@ static void mark_recalled(kvt_seq *s, const sketch *sk) {
   bs->recalled = 1;
 }
 
+/* A candidate whose token block is still on its way to the cold tier
+ * (queued for the flusher) is waited for, so that whether it can be
+ * recalled depends on the step, not on how far the flusher got
+ * (docs/policy.md, "Recall is deterministic"). Bounded by
+ * KVT_RECALL_WAIT_MS; the lock is dropped while waiting. */
+static void wait_cold(kvt_engine *e, kvt_tblk *tb) {
+  uint64_t until = 0;
+  while (!tb->cold && tb->queued && kvt_flush_on(e)) {
+    uint64_t now = kvt_hist_now_ns();
+    if (!until) until = now + KVT_RECALL_WAIT_MS * 1000000ull;
+    else if (now > until) {
+      e->st.recall_late++;
+      return;
+    }
+    kvt_flush_wait_room(e);
+  }
+}
+
 /* Decide the layer's recalls under its last query. With the lock held;
  * returns how many blocks were marked. */
 static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
@@ -336,6 +354,8 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
    * best token alone must out-weigh the weakest block (and by the margin) */
   double margin = KVT_RECALL_MARGIN * s->ns->desc.shape.block_tokens;
   size_t nc = nv ? strongest(s, r, layer, margin * v[0], c, KVT_RECALL_PER_STEP) : 0;
+  for (size_t k = 0; k < nc; k++) /* the candidates' cold copies, written first */
+    if (!stale(s, r, &r->sk[c[k].i])) wait_cold(e, s->tb[r->sk[c[k].i].block]);
   uint32_t marked = 0;
   size_t drop[KVT_RECALL_PER_STEP], nd = 0;
   size_t j = 0;
