@@ -324,6 +324,24 @@ static void mark_recalled(kvt_seq *s, const sketch *sk) {
   bs->recalled = 1;
 }
 
+/* A candidate whose token block is still on its way to the cold tier
+ * (queued for the flusher) is waited for, so that whether it can be
+ * recalled depends on the step, not on how far the flusher got
+ * (docs/policy.md, "Recall is deterministic"). Bounded by
+ * KVT_RECALL_WAIT_MS; the lock is dropped while waiting. */
+static void wait_cold(kvt_engine *e, kvt_tblk *tb) {
+  uint64_t until = 0;
+  while (!tb->cold && tb->queued && kvt_flush_on(e)) {
+    uint64_t now = kvt_hist_now_ns();
+    if (!until) until = now + KVT_RECALL_WAIT_MS * 1000000ull;
+    else if (now > until) {
+      e->st.recall_late++;
+      return;
+    }
+    kvt_flush_wait_room(e);
+  }
+}
+
 /* Decide the layer's recalls under its last query. With the lock held;
  * returns how many blocks were marked. */
 static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
@@ -336,6 +354,8 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
    * best token alone must out-weigh the weakest block (and by the margin) */
   double margin = KVT_RECALL_MARGIN * s->ns->desc.shape.block_tokens;
   size_t nc = nv ? strongest(s, r, layer, margin * v[0], c, KVT_RECALL_PER_STEP) : 0;
+  for (size_t k = 0; k < nc; k++) /* the candidates' cold copies, written first */
+    if (!stale(s, r, &r->sk[c[k].i])) wait_cold(e, s->tb[r->sk[c[k].i].block]);
   uint32_t marked = 0;
   size_t drop[KVT_RECALL_PER_STEP], nd = 0;
   size_t j = 0;
@@ -371,43 +391,73 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
   return marked;
 }
 
+/* The bytes the layer's budget counts for lb: hot at f16 size, warm at
+ * its encoded size (as policy.c counts them). */
+static uint64_t budget_bytes(const kvt_shape *sh, const kvt_lblk *lb) {
+  uint64_t half = (uint64_t)sh->block_tokens * sh->n_kv_heads * sh->head_dim * 2;
+  if (lb->tier != KVT_TIER_WARM) return 2 * half;
+  kvt_codec_shape cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
+                        .head_dim = sh->head_dim};
+  return (lb->k_codec ? kvt_codec_size(lb->k_codec, &cs) : half) +
+         (lb->v_codec ? kvt_codec_size(lb->v_codec, &cs) : half);
+}
+
+/* How many of the layer's weakest evictable blocks (at most
+ * KVT_RECALL_PER_STEP, into vb) must leave so that need more bytes fit
+ * its budget; -1 when even all of them would not free enough. */
+static int room_for(const kvt_seq *s, uint32_t layer, int64_t need, uint32_t *vb) {
+  const kvt_shape *sh = &s->ns->desc.shape;
+  int64_t room = kvt_policy_room_locked(s, layer);
+  if (room >= need) return 0;
+  double v[KVT_RECALL_PER_STEP];
+  size_t nv = weakest(s, layer, v, vb, KVT_RECALL_PER_STEP);
+  for (size_t k = 0; k < nv; k++) {
+    room += (int64_t)budget_bytes(sh, s->lb[(size_t)vb[k] * sh->n_layers + layer]);
+    if (room >= need) return (int)k + 1;
+  }
+  return -1;
+}
+
 /* Recalled blocks of (s, layer) that came back as a copy still in the warm
  * tier (the prefetch re-references a layer block still in RAM instead of
  * reading the disk) are made hot with their exact bytes when the token
  * block is durable and the layer's budget has room for the difference:
- * recall brings back what the query needs, not its quantized form. With the lock held (kvt_lblk_promote drops it while it
- * reads); counted as the policy's promotions. */
+ * recall brings back what the query needs, not its quantized form. It is
+ * protected until observed, so it must fit the budget as hot: the weakest
+ * evictable blocks (at most KVT_RECALL_PER_STEP) leave for it, but only
+ * once it was promoted, and only when they free enough; a block a reader
+ * pins (or in a move) cannot be promoted, and nothing leaves for it. Else
+ * it stays warm (the policy's promotion may move it later). With the lock
+ * held (kvt_lblk_promote drops it while it reads); counted as the
+ * policy's promotions. */
 static void promote_recalled(kvt_seq *s, uint32_t layer) {
   kvt_engine *e = s->e;
-  uint32_t L = s->ns->desc.shape.n_layers;
+  const kvt_shape *sh = &s->ns->desc.shape;
+  uint32_t L = sh->n_layers;
   if (!kvt_store_payload(e)) return;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     size_t i = (size_t)b * L + layer;
     kvt_lblk *lb = s->lb[i];
     if (!s->bs[i].recalled || !lb || lb->tier != KVT_TIER_WARM || lb->refs != 1 ||
-        !lb->tb->cold || lb->tb->lost)
+        lb->pins || lb->busy || !lb->tb->cold || lb->tb->lost)
       continue;
-    /* it is protected until observed, so it must fit the layer's budget
-     * as hot: the weakest evictable blocks leave to make room (at most 4),
-     * else it stays warm (the policy's promotion may move it later) */
-    const kvt_shape *sh = &s->ns->desc.shape;
-    kvt_codec_shape cs = {.n_tokens = sh->block_tokens, .n_heads = sh->n_kv_heads,
-                          .head_dim = sh->head_dim};
-    uint64_t half = (uint64_t)sh->block_tokens * sh->n_kv_heads * sh->head_dim * 2;
-    uint64_t warm_b = (lb->k_codec ? kvt_codec_size(lb->k_codec, &cs) : half) +
-                      (lb->v_codec ? kvt_codec_size(lb->v_codec, &cs) : half);
-    int64_t need = (int64_t)(2 * half) - (int64_t)warm_b;
-    for (int k = 0; k < 4 && kvt_policy_room_locked(s, layer) < need; k++) {
-      double v;
-      uint32_t vb; /* the weakest evictable block leaves, as for the recall itself */
-      if (!weakest(s, layer, &v, &vb, 1)) break;
-      kvt_policy_evict_locked(s, vb, layer);
-    }
-    if (kvt_policy_room_locked(s, layer) < need) continue;
+    int64_t need = (int64_t)(2 * (uint64_t)sh->block_tokens * sh->n_kv_heads * sh->head_dim * 2) -
+                   (int64_t)budget_bytes(sh, lb);
+    uint32_t vb[KVT_RECALL_PER_STEP];
+    if (room_for(s, layer, need, vb) < 0) continue;
     int exact = 0;
-    if (kvt_lblk_promote(e, lb, &exact) || !s->lp) continue;
-    s->lp[layer].promotions++;
-    s->lp[layer].promotions_exact += (uint64_t)exact;
+    if (kvt_lblk_promote(e, lb, &exact)) continue; /* nothing left for it */
+    if (s->lp) {
+      s->lp[layer].promotions++;
+      s->lp[layer].promotions_exact += (uint64_t)exact;
+    }
+    /* it is hot now: the weakest leave until the budget holds (the same
+     * ones as counted above, unless the lock's release let them move) */
+    for (int k = 0; k < (int)KVT_RECALL_PER_STEP && kvt_policy_room_locked(s, layer) < 0; k++) {
+      double v;
+      if (!weakest(s, layer, &v, vb, 1)) break;
+      kvt_policy_evict_locked(s, vb[0], layer);
+    }
   }
 }
 

@@ -22,6 +22,9 @@
  * factor: the bound of a block of many tokens is loose (every token at the
  * best key), and a block that just left should not flap back. */
 #define KVT_RECALL_MARGIN 2.0
+/* A recall candidate whose token block the flusher is still writing is
+ * waited for at most this long (ms): beyond, it counts as unavailable. */
+#define KVT_RECALL_WAIT_MS 2000u
 
 /* The policy evicts (s, block, layer), still referenced as lb: keep its
  * sketch when s recalls. With the lock held. */

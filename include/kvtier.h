@@ -439,6 +439,9 @@ typedef struct kvt_stats {
   uint64_t recall_ns;        /**< time spent starting recall reads and waiting for them
                                   (the decisions are not timed: kvtier bench policy) */
   uint64_t sketch_bytes;     /**< RAM held by key sketches of evicted blocks (a gauge) */
+  uint64_t recall_late;      /**< recall candidates whose cold copy the flusher had not
+                                  written within the wait's deadline (then unavailable,
+                                  and the run no longer repeatable: docs/policy.md) */
 } kvt_stats;
 /** @} */
 

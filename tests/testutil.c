@@ -303,6 +303,7 @@ static const struct {
     F(promotions),
     F(recalls), F(recall_useful), F(recall_unavailable), F(recall_bytes), F(recall_ns),
     F(sketch_bytes),
+    F(recall_late),
 };
 
 void tu_assert_stats_eq(const kvt_stats *a, const kvt_stats *b) {

@@ -597,6 +597,7 @@ static void eval_print(eval_run *r) {
     json_u64(&j, "recalls", r->pst.recalls);
     json_u64(&j, "recall_useful", r->pst.recall_useful);
     json_u64(&j, "recall_unavailable", r->pst.recall_unavailable);
+    json_u64(&j, "recall_late", r->pst.recall_late);
     json_u64(&j, "recall_bytes", r->pst.recall_bytes);
     json_f64(&j, "recall_ms", (double)r->pst.recall_ns * 1e-6);
     json_u64(&j, "cold_read_bytes", r->pst.cold_read_bytes);

@@ -121,7 +121,8 @@ class Stats(Structure):
                 ("cold_reclaims", c_uint64), ("cold_relocated", c_uint64),
                 ("promotions", c_uint64), ("io_backend", c_char * 32), ("io_why", c_char * 160),
                 ("recalls", c_uint64), ("recall_useful", c_uint64), ("recall_unavailable", c_uint64),
-                ("recall_bytes", c_uint64), ("recall_ns", c_uint64), ("sketch_bytes", c_uint64)]
+                ("recall_bytes", c_uint64), ("recall_ns", c_uint64), ("sketch_bytes", c_uint64),
+                ("recall_late", c_uint64)]
 
 
 class FsckResult(Structure):
