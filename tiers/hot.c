@@ -42,6 +42,7 @@ void kvt_tier_account(kvt_tier_state *t, kvt_lblk *b) {
   b->tier = (uint8_t)t->tier;
   t->bytes_used += b->cost;
   t->blocks++;
+  t->moves++;
   all_push(t, b);
 }
 
@@ -49,6 +50,7 @@ void kvt_tier_unaccount(kvt_tier_state *t, kvt_lblk *b) {
   assert(b->tier == t->tier && !b->on_lru && t->bytes_used >= b->cost && t->blocks > 0);
   t->bytes_used -= b->cost;
   t->blocks--;
+  t->moves++;
   all_remove(b);
   b->tier = KVT_TIER_NONE;
 }

@@ -64,6 +64,9 @@ typedef struct kvt_tier_state {
   uint64_t lru_bytes;           /* cost of blocks on the evictable list */
   uint64_t lru_pinned_bytes;    /* of which pinned: not evictable right now */
   uint64_t evictions;
+  uint64_t moves;               /* blocks that entered or left the tier, ever: the
+                                   policy (policy.c) learns from it that nothing but
+                                   its own move happened while the lock was dropped */
   kvt_lblk lru;                 /* sentinel: lru.lru_next is the least recent */
   kvt_lblk all;                 /* sentinel of the list of every block */
 } kvt_tier_state;
