@@ -96,6 +96,9 @@ uint64_t kvt_lblk_desc_bytes(void);
 /* Allocate a hot block with its exact payload (not yet accounted or
  * published). May be called without the engine lock. NULL on failure. */
 kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload);
+/* The same into a descriptor the caller holds (a promotion's scratch one:
+ * only its payload is kept); 0, or -1 when the payload cannot be had. */
+int kvt_hot_init(kvt_mem *m, kvt_lblk *b, uint64_t payload_bytes, int with_payload);
 /* Free a block (descriptor and payload) that is in no tier. */
 void kvt_lblk_free(kvt_mem *m, int mem_cat, kvt_lblk *b);
 /* Free only the payload, counted in mem_cat (KVT_MEM_HOT: the hot form). */
