@@ -81,6 +81,23 @@ static uint64_t block_bytes(const kvt_nsrec *ns, const kvt_lblk *lb) {
   return k + v;
 }
 
+/* block_bytes() with the warm sizes of the last codec pair kept: a layer
+ * has one pair in practice, and a size is two codec-table look-ups. */
+typedef struct bytes_memo {
+  int k_codec, v_codec; /* -1: nothing kept yet */
+  uint64_t warm;
+} bytes_memo;
+
+static uint64_t block_bytes_memo(const kvt_nsrec *ns, const kvt_lblk *lb, bytes_memo *m) {
+  if (lb->tier != KVT_TIER_WARM) return block_bytes(ns, lb);
+  if (m->k_codec != lb->k_codec || m->v_codec != lb->v_codec) {
+    m->k_codec = lb->k_codec;
+    m->v_codec = lb->v_codec;
+    m->warm = block_bytes(ns, lb);
+  }
+  return m->warm;
+}
+
 /* The sequence's length: what the caller said, or its full blocks. */
 static uint64_t seq_tokens(const kvt_seq *s) {
   uint64_t full = (uint64_t)s->n_blocks * s->ns->desc.shape.block_tokens;
@@ -114,10 +131,11 @@ static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   o->budget_bytes = (uint64_t)floor(lp->share * (double)o->full_bytes);
   o->kept_tokens = tail;
   o->kept_bytes = tail * tb;
+  bytes_memo memo = {.k_codec = -1, .v_codec = -1};
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     if (!lb || lb->tier == KVT_TIER_COLD) continue;
-    uint64_t bytes = block_bytes(s->ns, lb);
+    uint64_t bytes = block_bytes_memo(s->ns, lb, &memo);
     o->kept_tokens += sh->block_tokens;
     o->kept_bytes += bytes;
     if (lb->tier == KVT_TIER_WARM) {
@@ -273,20 +291,95 @@ static void apply_all(kvt_seq *s) {
 /* A margin this large turns promotion off (kvt_policy.margin). */
 #define KVT_MARGIN_OFF 100.0
 
-/* The candidate of the lowest score in the given tier (KVT_N_TIERS: any
- * RAM tier), or -1; the highest with high set. */
-static ptrdiff_t cand_pick(const kvt_seq *s, uint32_t layer, const cand *cd, size_t m, int tier,
-                           int high) {
-  uint32_t L = s->ns->desc.shape.n_layers;
-  ptrdiff_t best = -1;
-  for (size_t i = 0; i < m; i++) {
-    const kvt_lblk *lb = s->lb[(size_t)cd[i].block * L + layer];
-    if (!lb || lb->tier == KVT_TIER_COLD) continue;
-    if (tier != KVT_N_TIERS && lb->tier != tier) continue;
-    if (best < 0 || (high ? cand_cmp(&cd[i], &cd[best]) > 0 : cand_cmp(&cd[i], &cd[best]) < 0))
-      best = (ptrdiff_t)i;
+/* What one application of the three tiers knows of (s, layer): its bytes
+ * (layer_bytes) and, in each candidate's pad, the tier its block is in
+ * (KVT_TIER_COLD: not in RAM, or evicted). It is re-read from the blocks
+ * only when something else may have moved: the tiers count every block
+ * that enters or leaves one, and a stretch without the lock (a demotion
+ * encodes, a promotion decodes or reads) that counted only the policy's
+ * own move is applied to the view instead. */
+typedef struct tview {
+  kvt_policy_info o;
+  uint64_t moves;   /* the tiers' move count the view is valid at */
+  bytes_memo memo;
+} tview;
+
+static uint64_t tier_moves(const kvt_engine *e) {
+  uint64_t n = 0;
+  for (int t = 0; t < KVT_N_TIERS; t++) n += e->tier[t].moves;
+  return n;
+}
+
+static uint32_t tier_at(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  const kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
+  return lb ? lb->tier : KVT_TIER_COLD;
+}
+
+static void view_read(const kvt_seq *s, uint32_t layer, cand *cd, size_t m, tview *v) {
+  layer_bytes(s, layer, &v->o);
+  for (size_t i = 0; i < m; i++) cd[i].pad = tier_at(s, cd[i].block, layer);
+  v->moves = tier_moves(s->e);
+}
+
+/* Candidate i (its block in RAM, with the lock held all along) changes
+ * tier from its view's to `to` (KVT_TIER_COLD: evicted); bytes is what it
+ * counted (before), nb what it counts now. */
+static void view_move(const kvt_seq *s, cand *c, uint32_t to, uint64_t bytes, uint64_t nb,
+                      tview *v) {
+  uint64_t bt = s->ns->desc.shape.block_tokens;
+  if (c->pad == KVT_TIER_WARM) {
+    v->o.warm_bytes -= bytes;
+    v->o.warm_tokens -= bt;
   }
-  return best;
+  v->o.kept_bytes -= bytes;
+  v->o.kept_tokens -= bt;
+  if (to != KVT_TIER_COLD) {
+    v->o.kept_bytes += nb;
+    v->o.kept_tokens += bt;
+  }
+  if (to == KVT_TIER_WARM) {
+    v->o.warm_bytes += nb;
+    v->o.warm_tokens += bt;
+  }
+  c->pad = to;
+  v->o.over = v->o.kept_bytes > v->o.budget_bytes;
+}
+
+/* The view is re-read at the next step. */
+#define VIEW_STALE UINT64_MAX
+
+/* After a move of candidate c to tier `to` that may have dropped the lock
+ * (moves0: the count before it; bytes: what c counted): when the count
+ * moved by exactly the two of c leaving its tier and entering `to`, the
+ * view follows c; when nothing moved and c is where it was, it stands;
+ * else (c evicted instead, other blocks moved) it is re-read. */
+static void view_after(const kvt_seq *s, uint32_t layer, cand *c, uint32_t to, uint64_t bytes,
+                       uint64_t moves0, tview *v) {
+  const kvt_lblk *lb = s->lb[(size_t)c->block * s->ns->desc.shape.n_layers + layer];
+  uint64_t now = tier_moves(s->e);
+  if (now == moves0 && lb && lb->tier == c->pad) return; /* it stayed: nothing moved */
+  if (lb && now == moves0 + 2 && lb->tier == to && c->pad != to && v->moves == moves0) {
+    view_move(s, c, to, bytes, block_bytes_memo(s->ns, lb, &v->memo), v);
+    v->moves = now;
+    return;
+  }
+  v->moves = VIEW_STALE;
+}
+
+/* The candidates in RAM of the lowest score (any RAM tier), the lowest
+ * hot one and the highest warm one (cand_cmp order), or -1 each: one
+ * scan of the view. */
+static void cand_picks(const cand *cd, size_t m, ptrdiff_t *low, ptrdiff_t *low_hot,
+                       ptrdiff_t *top) {
+  *low = *low_hot = *top = -1;
+  for (size_t i = 0; i < m; i++) {
+    uint32_t t = cd[i].pad;
+    if (t == KVT_TIER_COLD) continue;
+    if (*low < 0 || cand_cmp(&cd[i], &cd[*low]) < 0) *low = (ptrdiff_t)i;
+    if (t == KVT_TIER_HOT && (*low_hot < 0 || cand_cmp(&cd[i], &cd[*low_hot]) < 0))
+      *low_hot = (ptrdiff_t)i;
+    if (t == KVT_TIER_WARM && (*top < 0 || cand_cmp(&cd[i], &cd[*top]) > 0)) *top = (ptrdiff_t)i;
+  }
 }
 
 /* A hot block that is held for the cold tier (its exact bytes not yet
@@ -334,43 +427,58 @@ static int beats(const kvt_seq *s, const cand *w, const cand *h) {
   return s->pol.margin < KVT_MARGIN_OFF && w->score > h->score + s->pol.margin * fabs(h->score);
 }
 
+/* Demote candidate c (hot) or evict it, keeping the view. */
+static void view_demote(kvt_seq *s, uint32_t layer, cand *c, kvt_lpol *lp, tview *v) {
+  uint64_t moves0 = tier_moves(s->e);
+  uint64_t bytes = block_bytes_memo(s->ns, s->lb[(size_t)c->block * s->ns->desc.shape.n_layers +
+                                                 layer], &v->memo);
+  demote_or_evict(s, c->block, layer, lp);
+  view_after(s, layer, c, KVT_TIER_WARM, bytes, moves0, v); /* evicted instead: re-read */
+}
+
 /* One step of the three-tier ranking of (s, layer) over the candidates cd
- * (scored once per application): 1 when it moved a block. */
-static int tiers_step(kvt_seq *s, uint32_t layer, const cand *cd, size_t m, kvt_lpol *lp,
-                      int allow_promote, int *promoted) {
+ * (scored once per application), with the view v of them: 1 when it moved
+ * a block. */
+static int tiers_step(kvt_seq *s, uint32_t layer, cand *cd, size_t m, kvt_lpol *lp,
+                      int allow_promote, int *promoted, tview *v) {
   const kvt_shape *sh = &s->ns->desc.shape;
-  kvt_policy_info o;
-  layer_bytes(s, layer, &o);
-  uint64_t hot = o.kept_bytes - o.warm_bytes, hb = token_bytes(sh) * sh->block_tokens;
-  uint64_t hot_cap = (uint64_t)floor((lp->share - lp->warm) * (double)o.full_bytes);
-  ptrdiff_t low_hot = cand_pick(s, layer, cd, m, KVT_TIER_HOT, 0);
+  if (v->moves != tier_moves(s->e)) view_read(s, layer, cd, m, v);
+  const kvt_policy_info *o = &v->o;
+  uint64_t hot = o->kept_bytes - o->warm_bytes, hb = token_bytes(sh) * sh->block_tokens;
+  uint64_t hot_cap = (uint64_t)floor((lp->share - lp->warm) * (double)o->full_bytes);
+  ptrdiff_t low, low_hot, top;
+  cand_picks(cd, m, &low, &low_hot, &top);
   /* 1. the hot share: its weakest block goes warm */
   if (hot > hot_cap && low_hot >= 0) {
-    demote_or_evict(s, cd[low_hot].block, layer, lp);
+    view_demote(s, layer, &cd[low_hot], lp, v);
     return 1;
   }
   /* 2. the whole budget: the weakest block leaves */
-  ptrdiff_t low = cand_pick(s, layer, cd, m, KVT_N_TIERS, 0);
-  if (o.kept_bytes > o.budget_bytes && low >= 0) {
-    evict(s, cd[low].block, layer);
+  if (o->kept_bytes > o->budget_bytes && low >= 0) {
+    const kvt_lblk *lb = s->lb[(size_t)cd[low].block * sh->n_layers + layer];
+    uint64_t bytes = block_bytes_memo(s->ns, lb, &v->memo);
+    evict(s, cd[low].block, layer); /* the lock held: only this block moved */
+    view_move(s, &cd[low], KVT_TIER_COLD, bytes, 0, v);
+    v->moves = tier_moves(s->e);
     return 1;
   }
   /* 3. promotion: the strongest warm block, when it beats the weakest hot
    * one by the margin, into room in the hot share, or in its place */
-  ptrdiff_t top = cand_pick(s, layer, cd, m, KVT_TIER_WARM, 1);
   if (!allow_promote || *promoted >= PROMOTE_MAX || top < 0 || s->pol.margin >= KVT_MARGIN_OFF)
     return 0;
   if (low_hot >= 0 && !beats(s, &cd[top], &cd[low_hot])) return 0;
   const kvt_lblk *w = s->lb[(size_t)cd[top].block * sh->n_layers + layer];
   if (w->refs != 1) return 0;
   uint64_t wb = block_bytes(s->ns, w);
-  int room = hot + hb <= hot_cap && o.kept_bytes - wb + hb <= o.budget_bytes;
+  int room = hot + hb <= hot_cap && o->kept_bytes - wb + hb <= o->budget_bytes;
   if (!room) {
     if (low_hot < 0) return 0;
-    demote_or_evict(s, cd[low_hot].block, layer, lp); /* its place */
+    view_demote(s, layer, &cd[low_hot], lp, v); /* its place */
   }
   (*promoted)++; /* attempted: a failure is not retried in this application */
+  uint64_t moves0 = tier_moves(s->e);
   promote(s, cd[top].block, layer, lp);
+  view_after(s, layer, &cd[top], KVT_TIER_HOT, wb, moves0, v);
   return 1;
 }
 
@@ -378,9 +486,11 @@ void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, i
   kvt_lpol *lp = &s->lp[layer];
   size_t m = rank_layer(s, layer, sc);
   int promoted = 0;
+  tview v = {.memo = {.k_codec = -1, .v_codec = -1}};
+  cand *cd = (cand *)s->scratch_cand;
+  view_read(s, layer, cd, m, &v);
   for (int i = 0; i < TIER_MOVES_MAX; i++)
-    if (!tiers_step(s, layer, (const cand *)s->scratch_cand, m, lp, allow_promote, &promoted))
-      break;
+    if (!tiers_step(s, layer, cd, m, lp, allow_promote, &promoted, &v)) break;
 }
 
 /* ---- setting a policy ------------------------------------------------------ */

@@ -68,8 +68,12 @@ int kvt_lblk_promote(kvt_engine *e, kvt_lblk *b, int *exact) {
   b->busy = 1;
   kvt_lblk_pin(e, b);
   pthread_mutex_unlock(&e->lock);
-  kvt_lblk *f = kvt_hot_alloc(&e->mem, 2 * (uint64_t)ns->bytes_each, !meta);
-  int ex = 0, corrupt = 0, rc = f ? fill_hot(e, ns, b, &key, durable, f, &ex, &corrupt) : -ENOMEM;
+  /* a scratch descriptor: install_hot keeps only its payload */
+  kvt_lblk fresh, *f = &fresh;
+  int ex = 0, corrupt = 0;
+  int rc = kvt_hot_init(&e->mem, f, 2 * (uint64_t)ns->bytes_each, !meta)
+               ? -ENOMEM
+               : fill_hot(e, ns, b, &key, durable, f, &ex, &corrupt);
   pthread_mutex_lock(&e->lock);
   b->busy = 0;
   kvt_tier_unpin(warm, b); /* not kvt_lblk_unpin: s still references b */
@@ -81,7 +85,7 @@ int kvt_lblk_promote(kvt_engine *e, kvt_lblk *b, int *exact) {
    * recall): leave it as it is. */
   if (!rc && (b->tier != KVT_TIER_WARM || b->pins || b->busy || b->refs != 1)) rc = KVT_ESTATE;
   if (!rc) install_hot(e, b, f, ex);
-  kvt_lblk_free(&e->mem, KVT_MEM_HOT, f);
+  kvt_payload_free(&e->mem, KVT_MEM_HOT, f); /* when not installed */
   *exact = ex;
   return rc;
 }

@@ -42,6 +42,7 @@ void kvt_tier_account(kvt_tier_state *t, kvt_lblk *b) {
   b->tier = (uint8_t)t->tier;
   t->bytes_used += b->cost;
   t->blocks++;
+  t->moves++;
   all_push(t, b);
 }
 
@@ -49,6 +50,7 @@ void kvt_tier_unaccount(kvt_tier_state *t, kvt_lblk *b) {
   assert(b->tier == t->tier && !b->on_lru && t->bytes_used >= b->cost && t->blocks > 0);
   t->bytes_used -= b->cost;
   t->blocks--;
+  t->moves++;
   all_remove(b);
   b->tier = KVT_TIER_NONE;
 }
@@ -109,20 +111,26 @@ uint64_t kvt_lblk_desc_bytes(void) { return kvt_mem_round(sizeof(kvt_lblk)); }
  * them with O_DIRECT straight from here, without a copy. */
 static size_t payload_align(uint64_t bytes) { return bytes >= 4096 ? 4096 : 64; }
 
-kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload) {
-  kvt_lblk *b = kvt_mem_alloc_aligned(m, KVT_MEM_HOT, sizeof(kvt_lblk));
-  if (!b) return NULL;
+int kvt_hot_init(kvt_mem *m, kvt_lblk *b, uint64_t payload_bytes, int with_payload) {
   size_t align = payload_align(payload_bytes);
   *b = (kvt_lblk){.payload_bytes = payload_bytes,
                   .payload_alloc = kvt_mem_round_to(payload_bytes, align)};
   if (with_payload && !(b->payload = align == 4096 ? kvt_mem_page_alloc(m, KVT_MEM_HOT, b->payload_alloc)
-                                                   : kvt_mem_alloc_align(m, KVT_MEM_HOT, align, payload_bytes))) {
-    kvt_mem_free(m, KVT_MEM_HOT, b, kvt_lblk_desc_bytes());
-    return NULL;
-  }
+                                                   : kvt_mem_alloc_align(m, KVT_MEM_HOT, align, payload_bytes)))
+    return -1;
   /* Metadata-only: the payload is notional but charged the same, so a
    * replay sees the limits a live store would. */
   b->cost = kvt_lblk_desc_bytes() + b->payload_alloc;
+  return 0;
+}
+
+kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload) {
+  kvt_lblk *b = kvt_mem_alloc_aligned(m, KVT_MEM_HOT, sizeof(kvt_lblk));
+  if (!b) return NULL;
+  if (kvt_hot_init(m, b, payload_bytes, with_payload)) {
+    kvt_mem_free(m, KVT_MEM_HOT, b, kvt_lblk_desc_bytes());
+    return NULL;
+  }
   return b;
 }
 

@@ -64,6 +64,9 @@ typedef struct kvt_tier_state {
   uint64_t lru_bytes;           /* cost of blocks on the evictable list */
   uint64_t lru_pinned_bytes;    /* of which pinned: not evictable right now */
   uint64_t evictions;
+  uint64_t moves;               /* blocks that entered or left the tier, ever: the
+                                   policy (policy.c) learns from it that nothing but
+                                   its own move happened while the lock was dropped */
   kvt_lblk lru;                 /* sentinel: lru.lru_next is the least recent */
   kvt_lblk all;                 /* sentinel of the list of every block */
 } kvt_tier_state;
@@ -93,6 +96,9 @@ uint64_t kvt_lblk_desc_bytes(void);
 /* Allocate a hot block with its exact payload (not yet accounted or
  * published). May be called without the engine lock. NULL on failure. */
 kvt_lblk *kvt_hot_alloc(kvt_mem *m, uint64_t payload_bytes, int with_payload);
+/* The same into a descriptor the caller holds (a promotion's scratch one:
+ * only its payload is kept); 0, or -1 when the payload cannot be had. */
+int kvt_hot_init(kvt_mem *m, kvt_lblk *b, uint64_t payload_bytes, int with_payload);
 /* Free a block (descriptor and payload) that is in no tier. */
 void kvt_lblk_free(kvt_mem *m, int mem_cat, kvt_lblk *b);
 /* Free only the payload, counted in mem_cat (KVT_MEM_HOT: the hot form). */
