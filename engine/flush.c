@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/internal.h"
 #include "tiers/hist.h"
@@ -106,6 +107,22 @@ void kvt_flush_wait_room(kvt_engine *e) {
   e->room_waiters++;
   kvt_flush_backlog(e);
   pthread_cond_wait(&e->flushed, &e->lock);
+  e->room_waiters--;
+  kvt_flush_backlog(e);
+}
+
+/* The same, for at most ns nanoseconds (the condition variable runs on
+ * CLOCK_REALTIME, its default); a wake-up may come early or late by a
+ * clock step, which callers tolerate: they re-check their own deadline. */
+void kvt_flush_wait_room_ns(kvt_engine *e, uint64_t ns) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t t = (uint64_t)ts.tv_nsec + ns;
+  ts.tv_sec += (time_t)(t / 1000000000ull);
+  ts.tv_nsec = (long)(t % 1000000000ull);
+  e->room_waiters++;
+  kvt_flush_backlog(e);
+  pthread_cond_timedwait(&e->flushed, &e->lock, &ts);
   e->room_waiters--;
   kvt_flush_backlog(e);
 }

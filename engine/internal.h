@@ -235,6 +235,7 @@ int kvt_flush_pending(const kvt_engine *e);
 /* Wait for the flusher to finish a group. With the lock held (released
  * while waiting). */
 void kvt_flush_wait_room(kvt_engine *e);
+void kvt_flush_wait_room_ns(kvt_engine *e, uint64_t ns); /* the same, bounded */
 void kvt_flush_backlog(kvt_engine *e);
 /* A store the flusher writes: in the background, and writable. */
 static inline int kvt_flush_on(const kvt_engine *e) {

@@ -329,16 +329,15 @@ static void mark_recalled(kvt_seq *s, const sketch *sk) {
  * recalled depends on the step, not on how far the flusher got
  * (docs/policy.md, "Recall is deterministic"). Bounded by
  * KVT_RECALL_WAIT_MS; the lock is dropped while waiting. */
-static void wait_cold(kvt_engine *e, kvt_tblk *tb) {
-  uint64_t until = 0;
+static void wait_cold(kvt_engine *e, kvt_tblk *tb, uint64_t *until) {
   while (!tb->cold && tb->queued && kvt_flush_on(e)) {
     uint64_t now = kvt_hist_now_ns();
-    if (!until) until = now + KVT_RECALL_WAIT_MS * 1000000ull;
-    else if (now > until) {
+    if (!*until) *until = now + KVT_RECALL_WAIT_MS * 1000000ull;
+    if (now >= *until) {
       e->st.recall_late++;
       return;
     }
-    kvt_flush_wait_room(e);
+    kvt_flush_wait_room_ns(e, *until - now);
   }
 }
 
@@ -354,8 +353,9 @@ static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
    * best token alone must out-weigh the weakest block (and by the margin) */
   double margin = KVT_RECALL_MARGIN * s->ns->desc.shape.block_tokens;
   size_t nc = nv ? strongest(s, r, layer, margin * v[0], c, KVT_RECALL_PER_STEP) : 0;
+  uint64_t until = 0; /* one bound for all of the step's candidates */
   for (size_t k = 0; k < nc; k++) /* the candidates' cold copies, written first */
-    if (!stale(s, r, &r->sk[c[k].i])) wait_cold(e, s->tb[r->sk[c[k].i].block]);
+    if (!stale(s, r, &r->sk[c[k].i])) wait_cold(e, s->tb[r->sk[c[k].i].block], &until);
   uint32_t marked = 0;
   size_t drop[KVT_RECALL_PER_STEP], nd = 0;
   size_t j = 0;

@@ -809,7 +809,12 @@ static void round_run(kvt_rc *rc, kvt_rc_cmd *cmds, rc_work *work, uint32_t *act
     }
     if (!np) return;
     int r = poll(pfd, np, wake > t ? (int)(wake - t) : 0);
-    if (r < 0 && errno != EINTR) return; /* not expected; the commands left retry */
+    if (r < 0 && errno != EINTR) { /* not expected: drop the connections, the commands left retry */
+      /* a node left as it is would keep unsent segments that point into
+       * the caller's buffers and replies owed to this batch */
+      for (uint32_t k = 0; k < np; k++) node_fail(rc, &rc->nodes[who[k]], work, F_COUNT);
+      return;
+    }
     t = now_ms();
     for (uint32_t k = 0; r > 0 && k < np; k++) {
       rc_node *nd = &rc->nodes[who[k]];
