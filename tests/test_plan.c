@@ -779,29 +779,35 @@ static void test_admit_min_seen(void **state) {
 
 /* Without --policy, plan replays the learned order (KVT_EVICT_LEARNED):
  * it says so, and its figures are those of --policy learned, not chain's,
- * on a trace where the two differ. */
+ * on a trace where the two differ (a random trace now and then gives both
+ * orders the same hits; such a trace cannot tell them apart, so another
+ * is drawn, up to 16). */
 static void test_default_policy_learned(void **state) {
   (void)state;
   char *dir = tu_tmpdir(), path[512], cmd[1024];
   snprintf(path, sizeof path, "%s/default.jsonl", dir);
   size_t n_req = 400;
   trace_req *r = calloc(n_req, sizeof *r);
-  gen_trace(r, n_req, path);
   const char *opt[] = {"", "--policy learned", "--policy chain"};
-  uint64_t saved[3];
-  for (int i = 0; i < 3; i++) {
-    snprintf(cmd, sizeof cmd, "%s plan --model smollm2-1.7b --trace %s --cold-tokens %d %s --json", bin(),
-             path, 40 * BT, opt[i]);
-    int st;
-    char *out = run(cmd, &st);
-    assert_int_equal(st, 0);
-    if (i < 2) assert_non_null(strstr(out, "\"policy\": \"learned\""));
-    saved[i] = json_u64_in(out, "\"replay\": {", "prefill_tokens_saved");
-    free(out);
+  uint64_t saved[3] = {0, 0, 0};
+  for (int tries = 0; tries < 16 && saved[1] == saved[2]; tries++) {
+    gen_trace(r, n_req, path);
+    for (int i = 0; i < 3; i++) {
+      snprintf(cmd, sizeof cmd, "%s plan --model smollm2-1.7b --trace %s --cold-tokens %d %s --json",
+               bin(), path, 40 * BT, opt[i]);
+      int st;
+      char *out = run(cmd, &st);
+      assert_int_equal(st, 0);
+      if (i < 2) assert_non_null(strstr(out, "\"policy\": \"learned\""));
+      saved[i] = json_u64_in(out, "\"replay\": {", "prefill_tokens_saved");
+      free(out);
+    }
+    print_message("tokens saved: default %llu, learned %llu, chain %llu\n",
+                  (unsigned long long)saved[0], (unsigned long long)saved[1],
+                  (unsigned long long)saved[2]);
+    assert_int_equal(saved[0], saved[1]);
   }
-  print_message("tokens saved: default %llu, learned %llu, chain %llu\n", (unsigned long long)saved[0],
-                (unsigned long long)saved[1], (unsigned long long)saved[2]);
-  assert_int_equal(saved[0], saved[1]);
+  assert_true(saved[1] != saved[2]); /* a trace that tells the orders apart was found */
   assert_true(saved[0] != saved[2]);
   free(r);
   tu_rmtree(dir);
