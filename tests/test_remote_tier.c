@@ -19,6 +19,7 @@
 
 #include "io/rcluster.h"
 #include "rc_util.h"
+#include "remote_fx.h"
 #include "tiers/remote.h"
 
 #define NB 24
@@ -202,15 +203,7 @@ static void run_init(run *x, const char *what, uint32_t base) {
 }
 
 static kvt_engine *open_remote(const char *dir, uint32_t deadline_ms) {
-  kvt_options o;
-  tu_opts(&o); /* no cold limit: diskless, the cluster is the durable tier */
-  kvt_remote_options ro = {.size = sizeof ro, .url = g_url, .deadline_ms = deadline_ms};
-  kvt_engine *e = NULL;
-  kvt_error_info info;
-  int rc = kvt_engine_open_remote(dir, &o, &ro, &e, &info);
-  if (rc) fprintf(stderr, "open: %s\n", info.message);
-  assert_int_equal(rc, 0);
-  return e;
+  return rfx_open(dir, g_url, 0, deadline_ms); /* diskless, the cluster is the durable tier */
 }
 
 /* A writer engine stores the run's NB blocks; kvt_sync's result. */
@@ -218,14 +211,7 @@ static int put_run(const run *x) {
   char *d = tu_tmpdir();
   kvt_engine *e = open_remote(d, 20000);
   kvt_ns_id ns = tu_register(e, x->model, &x->sh);
-  kvt_seq *s;
-  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
-  tu_kv kv;
-  tu_kv_alloc(&kv, &x->sh);
-  for (uint32_t b = 0; b < NB; b++) tu_append_put(s, &x->sh, x->salt, x->tok + 4 * b, &kv);
-  int rc = kvt_sync(e);
-  kvt_seq_release(s);
-  tu_kv_free(&kv);
+  int rc = rfx_put(e, ns, &x->sh, x->salt, x->tok, NB, 1);
   kvt_engine_close(e);
   tu_rmtree(d);
   return rc;
@@ -330,6 +316,42 @@ static kvt_remote_stats rstats(kvt_engine *e) {
   return rs;
 }
 
+/* A case's start: the cluster reset, run x (what) made, its keys in
+ * keys[NB], stored; an engine on the cluster in a new *d, x's namespace
+ * registered in *ns. */
+static kvt_engine *case_start(run *x, const char *what, kvt_key *keys, char **d, kvt_ns_id *ns) {
+  cluster_reset();
+  run_init(x, what, 0);
+  keys_of(x, keys);
+  assert_int_equal(put_run(x), 0);
+  *d = tu_tmpdir();
+  kvt_engine *e = open_remote(*d, DEADLINE_MS);
+  *ns = tu_register(e, x->model, &x->sh);
+  return e;
+}
+
+/* A second run of a case (tokens apart from the first's), its keys. */
+static void run_other(run *y, const char *what, kvt_key *keys) {
+  run_init(y, what, 60000);
+  keys_of(y, keys);
+}
+
+/* The master serving the last of keys[NB]: on[b] says which blocks it
+ * serves (some, not all), *n_on how many, *first the first; its pid. */
+static pid_t victim_pick(const kvt_key *keys, int *victim, int *on, int *n_on, int *first) {
+  *victim = slot_owner(block_slot(&keys[NB - 1]));
+  *n_on = 0, *first = -1;
+  for (int b = 0; b < NB; b++) {
+    on[b] = slot_owner(block_slot(&keys[b])) == *victim;
+    *n_on += on[b];
+    if (on[b] && *first < 0) *first = b;
+  }
+  assert_true(*n_on > 0 && *n_on < NB);
+  pid_t pid = rcu_node_pid(g_dir, *victim);
+  assert_true(pid > 0);
+  return pid;
+}
+
 /* ------------------------------------------------------------ migration */
 
 /* Move every key of slot still on src to dst. */
@@ -367,17 +389,13 @@ static int key_on(int port, const kvt_key *k, int asking) {
  * assigned, every block loads bit-exact through MOVED. */
 static void test_slot_migration(void **state) {
   (void)state;
-  cluster_reset();
   run a, b;
-  run_init(&a, "mig-a", 0);
-  run_init(&b, "mig-b", 60000);
   kvt_key ka[NB], kb[NB];
-  keys_of(&a, ka);
-  keys_of(&b, kb);
-  assert_int_equal(put_run(&a), 0);
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id nsa = tu_register(e, a.model, &a.sh), nsb = tu_register(e, b.model, &b.sh);
+  char *d;
+  kvt_ns_id nsa;
+  kvt_engine *e = case_start(&a, "mig-a", ka, &d, &nsa);
+  run_other(&b, "mig-b", kb);
+  kvt_ns_id nsb = tu_register(e, b.model, &b.sh);
   int ok[NB];
   assert_int_equal(lookup_run(e, nsa, &a), NB);
   assert_int_equal(load_run(e, nsa, &a, ka, ok), NB);
@@ -440,29 +458,17 @@ static void test_slot_migration(void **state) {
  * others load; after SIGCONT every block loads bit-exact again. */
 static void test_sigstop(void **state) {
   (void)state;
-  cluster_reset();
   run x;
-  run_init(&x, "stop", 0);
   kvt_key keys[NB];
-  keys_of(&x, keys);
-  assert_int_equal(put_run(&x), 0);
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id ns = tu_register(e, x.model, &x.sh);
-  int ok[NB], stopped[NB], n_stopped = 0, first = -1;
+  char *d;
+  kvt_ns_id ns;
+  kvt_engine *e = case_start(&x, "stop", keys, &d, &ns);
+  int ok[NB], stopped[NB], n_stopped, first, victim;
   assert_int_equal(lookup_run(e, ns, &x), NB);
   assert_int_equal(load_run(e, ns, &x, keys, ok), NB);
-  int victim = slot_owner(block_slot(&keys[NB - 1]));
-  for (int b = 0; b < NB; b++) {
-    stopped[b] = slot_owner(block_slot(&keys[b])) == victim;
-    n_stopped += stopped[b];
-    if (stopped[b] && first < 0) first = b;
-  }
-  assert_true(n_stopped > 0 && n_stopped < NB);
+  pid_t pid = victim_pick(keys, &victim, stopped, &n_stopped, &first);
   for (int p = g_port; p < g_port + NODES; p++)
     admin_ok(p, "CONFIG SET cluster-replica-no-failover yes");
-  pid_t pid = rcu_node_pid(g_dir, victim);
-  assert_true(pid > 0);
   assert_int_equal(kill(pid, SIGSTOP), 0);
   /* stalled: lookups stop at its first block, loads miss its blocks */
   assert_int_equal(lookup_run(e, ns, &x), (size_t)first);
@@ -486,17 +492,13 @@ static void test_sigstop(void **state) {
  * misses, and a lookup that finds nothing notices nothing. */
 static void test_evictions_noticed(void **state) {
   (void)state;
-  cluster_reset();
   run x, never;
-  run_init(&x, "evict", 0);
-  run_init(&never, "never", 60000);
   kvt_key keys[NB], knever[NB];
-  keys_of(&x, keys);
-  keys_of(&never, knever);
-  assert_int_equal(put_run(&x), 0);
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id ns = tu_register(e, x.model, &x.sh), nn = tu_register(e, never.model, &never.sh);
+  char *d;
+  kvt_ns_id ns;
+  kvt_engine *e = case_start(&x, "evict", keys, &d, &ns);
+  run_other(&never, "never", knever);
+  kvt_ns_id nn = tu_register(e, never.model, &never.sh);
   assert_int_equal(lookup_run(e, ns, &x), NB); /* EXISTS: all there */
   int ok[NB];
   assert_int_equal(load_run(e, nn, &never, knever, ok), 0);
@@ -549,33 +551,19 @@ static void test_evictions_noticed(void **state) {
  * blocks are written. Last: the node stays dead. */
 static void test_failover(void **state) {
   (void)state;
-  cluster_reset();
   run x, y;
-  run_init(&x, "fail", 0);
-  run_init(&y, "after", 60000);
   kvt_key keys[NB], ky[NB];
-  keys_of(&x, keys);
-  keys_of(&y, ky);
-  assert_int_equal(put_run(&x), 0);
-  wait_replicated();
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id ns = tu_register(e, x.model, &x.sh);
-  int ok[NB], dead[NB], n_dead = 0, first = -1;
+  char *d;
+  kvt_ns_id ns;
+  kvt_engine *e = case_start(&x, "fail", keys, &d, &ns);
+  run_other(&y, "after", ky);
+  wait_replicated(); /* before the kill: the replica has every block */
+  int ok[NB], dead[NB], n_dead, first, victim;
   assert_int_equal(lookup_run(e, ns, &x), NB);
   assert_int_equal(load_run(e, ns, &x, keys, ok), NB);
-  int victim = slot_owner(block_slot(&keys[NB - 1]));
-  for (int b = 0; b < NB; b++) {
-    dead[b] = slot_owner(block_slot(&keys[b])) == victim;
-    n_dead += dead[b];
-    if (dead[b] && first < 0) first = b;
-  }
-  assert_true(n_dead > 0 && n_dead < NB);
-  pid_t pid = rcu_node_pid(g_dir, victim);
-  assert_true(pid > 0);
+  pid_t pid = victim_pick(keys, &victim, dead, &n_dead, &first);
   assert_int_equal(kill(pid, SIGKILL), 0);
-  for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) nap_ms(10);
-  assert_int_not_equal(kill(pid, 0), 0);
+  rfx_wait_gone(pid);
   /* failing over (it takes the cluster node timeout, 2 s, at least) */
   assert_int_equal(lookup_run(e, ns, &x), (size_t)first);
   assert_int_equal(load_run(e, ns, &x, keys, ok), NB - n_dead);
@@ -599,11 +587,7 @@ static void test_failover(void **state) {
 int main(void) {
   rcu_require_redis();
   g_port = rcu_base_port(7130);
-  g_dir = getenv("KVT_REDIS_DIR");
-  if (!g_dir) {
-    fprintf(stderr, "skip: KVT_REDIS_DIR unset (run through ctest)\n");
-    return 77;
-  }
+  g_dir = rfx_cluster_dir();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", g_port,
            g_port + 1, g_port + 2);
   const struct CMUnitTest tests[] = {
