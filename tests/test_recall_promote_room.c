@@ -5,36 +5,7 @@
  * stays warm (engine/recall.c, promote_recalled). */
 #include <math.h>
 
-#include "cold_util.h"
-
-#define BLOCKS 8u
-#define TARGET 1u
-#define QH_PER_KV 2u
-#define CH 3u
-
-static float chan(uint32_t b) { return b == TARGET ? 8.0f : b < BLOCKS / 2 ? -1.0f : 0.5f; }
-
-static void fill(tu_kv *kv, const kvt_shape *sh, uint32_t b, uint32_t l) {
-  float *k = kv->k, *v = kv->v;
-  uint32_t H = sh->n_kv_heads, D = sh->head_dim;
-  for (uint32_t t = 0; t < sh->block_tokens; t++)
-    for (uint32_t h = 0; h < H; h++)
-      for (uint32_t d = 0; d < D; d++) {
-        size_t i = ((size_t)t * H + h) * D + d;
-        k[i] = d == CH ? chan(b) : 0.01f * (float)((b * 5 + t * 3 + h * 7 + d + l) % 7);
-        v[i] = 0.1f * (float)(b + 1) + 0.001f * (float)i + (float)l;
-      }
-}
-
-typedef struct fx {
-  char *dir;
-  kvt_engine *e;
-  kvt_seq *s;
-  kvt_shape sh;
-  tu_kv kv;
-  kvt_key target_key;
-  kvt_ns_id ns;
-} fx;
+#include "recall_fx.h"
 
 static void fx_open(fx *f, double budget, double warm, uint32_t window) {
   f->dir = tu_tmpdir();
@@ -46,18 +17,7 @@ static void fx_open(fx *f, double budget, double warm, uint32_t window) {
   kvt_ns_id ns = f->ns = tu_register(f->e, "m", &f->sh);
   assert_int_equal(kvt_ns_set_codec(f->e, ns, KVT_ALL_LAYERS, KVT_CODEC_K8, KVT_CODEC_V3), 0);
   assert_int_equal(kvt_seq_create(f->e, ns, &f->s), 0);
-  tu_kv_alloc(&f->kv, &f->sh);
-  uint32_t toks[16];
-  for (uint32_t b = 0; b < BLOCKS; b++) {
-    for (uint32_t t = 0; t < f->sh.block_tokens; t++) toks[t] = b * 100 + t + 1;
-    kvt_append_info info;
-    assert_int_equal(kvt_seq_append(f->s, toks, f->sh.block_tokens, &info), 0);
-    if (b == TARGET) f->target_key = info.key;
-    for (uint32_t l = 0; l < f->sh.n_layers; l++) {
-      fill(&f->kv, &f->sh, b, l);
-      assert_int_equal(kvt_seq_put(f->s, b, l, &f->kv.kv), 0);
-    }
-  }
+  fx_write_blocks(f, 8.0f); /* the target's channel 8 */
   assert_int_equal(kvt_sync(f->e), 0);
   kvt_policy p;
   kvt_policy_init(&p);
@@ -67,13 +27,6 @@ static void fx_open(fx *f, double budget, double warm, uint32_t window) {
   p.warm = warm;
   p.window_blocks = window;
   assert_int_equal(kvt_seq_set_policy(f->s, &p), 0);
-}
-
-static void fx_close(fx *f) {
-  tu_kv_free(&f->kv);
-  kvt_seq_release(f->s);
-  kvt_engine_close(f->e);
-  tu_rmtree(f->dir);
 }
 
 /* Layer 0's retained blocks: a bit mask, and the warm ones. */
@@ -98,16 +51,6 @@ static uint64_t promotions(fx *f) {
 }
 
 static int popcount(uint32_t m) { return __builtin_popcount(m); }
-
-static size_t step(fx *f) {
-  uint32_t H = f->sh.n_kv_heads * QH_PER_KV, D = f->sh.head_dim;
-  float q[8 * 16] = {0}, out[8 * 16], lse[8], mass[BLOCKS];
-  for (uint32_t h = 0; h < H; h++) q[h * D + CH] = 2.0f;
-  size_t n = 0;
-  assert_int_equal(kvt_seq_attend(f->s, 0, q, H, 0, out, lse, mass, BLOCKS, &n), 0);
-  assert_int_equal(kvt_seq_observe(f->s, 0, mass, n), 0);
-  return n;
-}
 
 /* Budget 0.5, a quarter of it warm: blocks 3 and 4 warm, 5..7 hot; the
  * target (1) left. A query drifts to it: it comes back, its warm copy

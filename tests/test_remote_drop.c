@@ -2,18 +2,22 @@
  * fixture's Redis Cluster: a prefix drop removes from the cluster the
  * root and every block that extends it (with a local cold tier after a
  * reopen, and diskless), not a sibling chain; a remote hit copied into
- * the local tier is admitted under its own namespace. Skips (77) without
- * redis-server. */
+ * the local tier is admitted under its own namespace; a remove cancels
+ * the queued writes of its keys and waits for a batch in flight, so no
+ * write recreates a dropped block. Skips (77) without redis-server. */
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/key.h"
 #include "base/mem.h"
 #include "io/rcluster.h"
 #include "rc_util.h"
+#include "remote_fx.h"
 #include "tiers/remote.h"
 #include "tiers/store.h"
 
@@ -42,46 +46,37 @@ static void chain_init(chain *c, const char *what) {
 }
 
 static kvt_engine *open_remote(const char *dir, uint64_t cold) {
-  kvt_options o;
-  tu_opts(&o);
-  o.tier_bytes_limit[KVT_TIER_COLD] = cold;
-  kvt_remote_options ro = {.size = sizeof ro, .url = g_url, .deadline_ms = 20000};
-  kvt_engine *e = NULL;
-  kvt_error_info info;
-  int rc = kvt_engine_open_remote(dir, &o, &ro, &e, &info);
-  if (rc) fprintf(stderr, "open: %s\n", info.message);
-  assert_int_equal(rc, 0);
-  return e;
+  return rfx_open(dir, g_url, cold, 20000);
 }
 
 static void put_chain(kvt_engine *e, kvt_ns_id ns, const chain *c, const uint32_t *tok) {
-  kvt_seq *s;
-  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
-  tu_kv kv;
-  tu_kv_alloc(&kv, &c->sh);
-  for (uint32_t b = 0; b < NB; b++) tu_append_put(s, &c->sh, c->salt, tok + 4 * b, &kv);
-  kvt_seq_release(s);
-  tu_kv_free(&kv);
+  rfx_put(e, ns, &c->sh, c->salt, tok, NB, 0);
 }
 
-/* How many of the chain's blocks the cluster holds (EXISTS, own client). */
-static int in_cluster(const kvt_key *keys) {
+/* How many of keys[0..nk) (nk <= NB) the cluster holds (EXISTS, own client). */
+static int in_cluster_n(const kvt_key *keys, int nk) {
   kvt_rc_config cfg = {.url = g_url, .deadline_ms = 20000, .command_timeout_ms = 10000};
   kvt_rc *rc;
   assert_int_equal(kvt_rc_open(&cfg, &rc, NULL, 0), 0);
   kvt_rc_cmd c[NB];
   char k[NB][KVT_REMOTE_KEY_MAX];
   memset(c, 0, sizeof c);
-  for (int i = 0; i < NB; i++)
+  for (int i = 0; i < nk; i++)
     c[i] = (kvt_rc_cmd){.op = KVT_RC_EXISTS, .key = k[i], .key_len = kvt_remote_block_key(&keys[i], k[i])};
-  assert_int_equal(kvt_rc_exec(rc, c, NB), 0);
+  assert_int_equal(kvt_rc_exec(rc, c, (size_t)nk), 0);
   int n = 0;
-  for (int i = 0; i < NB; i++) {
+  for (int i = 0; i < nk; i++) {
     assert_int_equal(c[i].status, KVT_RC_OK);
     n += c[i].n == 1;
   }
+  kvt_rc_release(c, (size_t)nk);
   kvt_rc_close(rc);
   return n;
+}
+
+/* How many of the chain's blocks the cluster holds. */
+static int in_cluster(const kvt_key *keys) {
+  return in_cluster_n(keys, NB);
 }
 
 static void keys_of(kvt_engine *e, kvt_ns_id ns, const uint32_t *tok, kvt_key *keys) {
@@ -213,6 +208,112 @@ static void test_copy_namespace(void **state) {
   kvt_mem_fini(&m);
 }
 
+/* ------------------------------------------------------------ queued writes */
+
+#define NQ NB
+
+typedef struct qcase {
+  kvt_mem m;
+  kvt_remote *r;
+  kvt_key keys[NQ];
+  size_t settled, settled_bad;
+  int removed;                /* the remover thread is done (atomic) */
+} qcase;
+
+static void q_settled(void *arg, size_t from, size_t to, int rc) {
+  qcase *q = arg;
+  __atomic_add_fetch(rc ? &q->settled_bad : &q->settled, to - from, __ATOMIC_RELAXED);
+}
+
+/* Open a remote tier with its writer held (hold) and post NQ blocks. */
+static void q_open(qcase *q, int hold) {
+  memset(q, 0, sizeof *q);
+  kvt_mem_init(&q->m, 0);
+  kvt_remote_cfg cfg = {.url = g_url, .deadline_ms = 20000};
+  char err[256] = "";
+  int rc = kvt_remote_open(&q->m, &cfg, &q->r, err, sizeof err);
+  if (rc) fprintf(stderr, "open: %s\n", err);
+  assert_int_equal(rc, 0);
+  kvt_remote_test_hold(q->r, hold, NULL, NULL);
+  static uint8_t kv[NL][2 * 512];
+  const uint8_t *ptr[NL];
+  for (int l = 0; l < NL; l++) {
+    for (size_t i = 0; i < sizeof kv[l]; i++) kv[l][i] = (uint8_t)tu_rand();
+    ptr[l] = kv[l];
+  }
+  kvt_store_rec recs[NQ];
+  for (int i = 0; i < NQ; i++) {
+    q->keys[i] = key_rand();
+    recs[i] = (kvt_store_rec){.key = q->keys[i], .parent = key_rand(), .ns_seed = key_rand(),
+                              .pos = (uint32_t)i, .n_layers = NL, .dtype = KVT_F16,
+                              .bytes_each = 512, .layers = ptr};
+  }
+  assert_int_equal(kvt_remote_post(q->r, recs, NQ, 1, q_settled, q), NQ);
+}
+
+/* Let the writer go, wait for it: every block settled (0) and none in
+ * the cluster. */
+static void q_close(qcase *q) {
+  kvt_remote_test_hold(q->r, 0, NULL, NULL);
+  kvt_remote_drain(q->r);
+  assert_int_equal(in_cluster_n(q->keys, NQ), 0); /* no SET after the DEL */
+  assert_int_equal(q->settled + q->settled_bad, NQ);
+  kvt_remote_close(q->r);
+  assert_int_equal(kvt_mem_total(&q->m), 0);
+  kvt_mem_fini(&q->m);
+}
+
+/* Writes still queued when their blocks are removed (a prefix drop) are
+ * not sent: before, the writer SET them after the DEL and the dropped
+ * blocks were back in the cluster. */
+static void test_remove_cancels_queued(void **state) {
+  (void)state;
+  qcase q;
+  q_open(&q, 1);
+  assert_int_equal(kvt_remote_remove_many(q.r, q.keys, NQ), 0); /* none there yet */
+  q_close(&q);
+}
+
+static void *q_remove(void *arg) {
+  qcase *q = arg;
+  kvt_remote_remove_many(q->r, q->keys, NQ);
+  __atomic_store_n(&q->removed, 1, __ATOMIC_RELEASE);
+  return NULL;
+}
+
+static void q_pause(void) {
+  struct timespec ts = {0, 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* A batch already taken by the writer (on its way to the cluster) when
+ * its blocks are removed: the remove waits until the batch is answered,
+ * then DELs. Before, the DEL could reach a node first. The writer is
+ * held between taking and sending; the remover runs until it either
+ * finished or waits for that batch, then the writer goes. */
+static void test_remove_waits_in_flight(void **state) {
+  (void)state;
+  qcase q;
+  q_open(&q, 2);
+  int busy = 0;
+  for (int i = 0; i < 100000 && !busy; i++) {
+    kvt_remote_test_hold(q.r, -1, &busy, NULL);
+    if (!busy) q_pause();
+  }
+  assert_true(busy); /* the batch is taken, not sent */
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, q_remove, &q), 0);
+  uint64_t waited = 0;
+  for (int i = 0; i < 100000 && !waited && !__atomic_load_n(&q.removed, __ATOMIC_ACQUIRE); i++) {
+    kvt_remote_test_hold(q.r, -1, NULL, &waited);
+    if (!waited) q_pause();
+  }
+  kvt_remote_test_hold(q.r, 0, NULL, NULL);
+  pthread_join(t, NULL);
+  q_close(&q);
+  assert_int_equal(waited, 1); /* it did wait for the batch */
+}
+
 int main(void) {
   rcu_require_redis();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", rcu_base_port(7100));
@@ -220,6 +321,8 @@ int main(void) {
       cmocka_unit_test(test_drop_cold_reopened),
       cmocka_unit_test(test_drop_diskless),
       cmocka_unit_test(test_copy_namespace),
+      cmocka_unit_test(test_remove_cancels_queued),
+      cmocka_unit_test(test_remove_waits_in_flight),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -16,6 +16,7 @@
 
 #include "io/rcluster.h"
 #include "rc_util.h"
+#include "remote_fx.h"
 #include "tiers/remote.h"
 
 #define NB 24
@@ -25,30 +26,14 @@ static const char *g_dir;
 static int g_port;
 
 static kvt_engine *open_remote(const char *dir) {
-  kvt_options o;
-  tu_opts(&o);
-  kvt_remote_options ro = {.size = sizeof ro, .url = g_url, .deadline_ms = 20000};
-  kvt_engine *e = NULL;
-  kvt_error_info info;
-  int rc = kvt_engine_open_remote(dir, &o, &ro, &e, &info);
-  if (rc) fprintf(stderr, "open: %s\n", info.message);
-  assert_int_equal(rc, 0);
-  return e;
+  return rfx_open(dir, g_url, 0, 20000);
 }
 
 /* Write NB blocks (diskless: the cluster is the only durable tier);
  * kvt_sync's result. */
 static int put_blocks(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, const uint32_t *tok,
                       uint64_t salt) {
-  kvt_seq *s;
-  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
-  tu_kv kv;
-  tu_kv_alloc(&kv, sh);
-  for (uint32_t b = 0; b < NB; b++) tu_append_put(s, sh, salt, tok + 4 * b, &kv);
-  int rc = kvt_sync(e);
-  kvt_seq_release(s);
-  tu_kv_free(&kv);
-  return rc;
+  return rfx_put(e, ns, sh, salt, tok, NB, 1);
 }
 
 /* The port of the master serving block key k. */
@@ -57,14 +42,6 @@ static int port_of(kvt_rc *rc, const kvt_key *k) {
   size_t n = kvt_remote_block_key(k, name);
   assert_int_equal(kvt_rc_slot_node(rc, kvt_rc_slot(name, n), who, sizeof who), 0);
   return atoi(strchr(who, ':') + 1);
-}
-
-static void wait_gone(pid_t pid) {
-  for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) {
-    struct timespec ts = {0, 10 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-  }
-  assert_int_not_equal(kill(pid, 0), 0);
 }
 
 static void test_master_killed(void **state) {
@@ -106,7 +83,7 @@ static void test_master_killed(void **state) {
   pid_t pid = rcu_node_pid(g_dir, victim);
   assert_true(pid > 0);
   assert_int_equal(kill(pid, SIGKILL), 0);
-  wait_gone(pid);
+  rfx_wait_gone(pid);
 
   /* lookups stop at the first block the dead master held: a miss */
   assert_int_equal(kvt_lookup(e, ns, tok, NB * 4, ent, NB, &found), 0);
@@ -157,11 +134,7 @@ static void test_master_killed(void **state) {
 int main(void) {
   rcu_require_redis();
   g_port = rcu_base_port(7120);
-  g_dir = getenv("KVT_REDIS_DIR");
-  if (!g_dir) {
-    fprintf(stderr, "skip: KVT_REDIS_DIR unset (run through ctest)\n");
-    return 77;
-  }
+  g_dir = rfx_cluster_dir();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", g_port);
   snprintf(g_model, sizeof g_model, "kill-%llx", (unsigned long long)tu_seed());
   const struct CMUnitTest tests[] = {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "rc_util.h"
+#include "remote_fx.h"
 
 #define NB 5
 
@@ -78,16 +79,7 @@ static void run_child(const char *dir) {
 }
 
 static kvt_engine *open_remote(const char *dir, uint64_t cold) {
-  kvt_options o;
-  tu_opts(&o);
-  o.tier_bytes_limit[KVT_TIER_COLD] = cold;
-  kvt_remote_options ro = remote_opts();
-  kvt_engine *e = NULL;
-  kvt_error_info info;
-  int rc = kvt_engine_open_remote(dir, &o, &ro, &e, &info);
-  if (rc) fprintf(stderr, "open: %s\n", info.message);
-  assert_int_equal(rc, 0);
-  return e;
+  return rfx_open(dir, g_url, cold, remote_opts().deadline_ms);
 }
 
 static void test_two_processes(void **state) {

@@ -19,6 +19,7 @@
 
 #include "io/rcluster.h"
 #include "rc_util.h"
+#include "remote_fx.h"
 #include "tiers/remote.h"
 
 #define NB 24
@@ -202,15 +203,7 @@ static void run_init(run *x, const char *what, uint32_t base) {
 }
 
 static kvt_engine *open_remote(const char *dir, uint32_t deadline_ms) {
-  kvt_options o;
-  tu_opts(&o); /* no cold limit: diskless, the cluster is the durable tier */
-  kvt_remote_options ro = {.size = sizeof ro, .url = g_url, .deadline_ms = deadline_ms};
-  kvt_engine *e = NULL;
-  kvt_error_info info;
-  int rc = kvt_engine_open_remote(dir, &o, &ro, &e, &info);
-  if (rc) fprintf(stderr, "open: %s\n", info.message);
-  assert_int_equal(rc, 0);
-  return e;
+  return rfx_open(dir, g_url, 0, deadline_ms); /* diskless, the cluster is the durable tier */
 }
 
 /* A writer engine stores the run's NB blocks; kvt_sync's result. */
@@ -218,14 +211,7 @@ static int put_run(const run *x) {
   char *d = tu_tmpdir();
   kvt_engine *e = open_remote(d, 20000);
   kvt_ns_id ns = tu_register(e, x->model, &x->sh);
-  kvt_seq *s;
-  assert_int_equal(kvt_seq_create(e, ns, &s), 0);
-  tu_kv kv;
-  tu_kv_alloc(&kv, &x->sh);
-  for (uint32_t b = 0; b < NB; b++) tu_append_put(s, &x->sh, x->salt, x->tok + 4 * b, &kv);
-  int rc = kvt_sync(e);
-  kvt_seq_release(s);
-  tu_kv_free(&kv);
+  int rc = rfx_put(e, ns, &x->sh, x->salt, x->tok, NB, 1);
   kvt_engine_close(e);
   tu_rmtree(d);
   return rc;
@@ -330,6 +316,51 @@ static kvt_remote_stats rstats(kvt_engine *e) {
   return rs;
 }
 
+/* A case: run x stored, run y (tokens apart) only made, their keys; an
+ * engine on the cluster in a new directory d, x's namespace nx. */
+typedef struct tcase {
+  run x, y;
+  kvt_key kx[NB], ky[NB];
+  char *d;
+  kvt_engine *e;
+  kvt_ns_id nx;
+} tcase;
+
+/* The cluster reset, then the case (wy NULL: no run y). */
+static void case_start(tcase *c, const char *wx, const char *wy) {
+  cluster_reset();
+  run_init(&c->x, wx, 0);
+  keys_of(&c->x, c->kx);
+  assert_int_equal(put_run(&c->x), 0);
+  c->d = tu_tmpdir();
+  c->e = open_remote(c->d, DEADLINE_MS);
+  c->nx = tu_register(c->e, c->x.model, &c->x.sh);
+  if (!wy) return;
+  run_init(&c->y, wy, 60000);
+  keys_of(&c->y, c->ky);
+}
+
+static void case_end(tcase *c) {
+  kvt_engine_close(c->e);
+  tu_rmtree(c->d);
+}
+
+/* The master serving the last of keys[NB]: on[b] says which blocks it
+ * serves (some, not all), *n_on how many, *first the first; its pid. */
+static pid_t victim_pick(const kvt_key *keys, int *victim, int *on, int *n_on, int *first) {
+  *victim = slot_owner(block_slot(&keys[NB - 1]));
+  *n_on = 0, *first = -1;
+  for (int b = 0; b < NB; b++) {
+    on[b] = slot_owner(block_slot(&keys[b])) == *victim;
+    *n_on += on[b];
+    if (on[b] && *first < 0) *first = b;
+  }
+  assert_true(*n_on > 0 && *n_on < NB);
+  pid_t pid = rcu_node_pid(g_dir, *victim);
+  assert_true(pid > 0);
+  return pid;
+}
+
 /* ------------------------------------------------------------ migration */
 
 /* Move every key of slot still on src to dst. */
@@ -367,24 +398,16 @@ static int key_on(int port, const kvt_key *k, int asking) {
  * assigned, every block loads bit-exact through MOVED. */
 static void test_slot_migration(void **state) {
   (void)state;
-  cluster_reset();
-  run a, b;
-  run_init(&a, "mig-a", 0);
-  run_init(&b, "mig-b", 60000);
-  kvt_key ka[NB], kb[NB];
-  keys_of(&a, ka);
-  keys_of(&b, kb);
-  assert_int_equal(put_run(&a), 0);
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id nsa = tu_register(e, a.model, &a.sh), nsb = tu_register(e, b.model, &b.sh);
+  tcase c;
+  case_start(&c, "mig-a", "mig-b");
+  kvt_ns_id nsb = tu_register(c.e, c.y.model, &c.y.sh);
   int ok[NB];
-  assert_int_equal(lookup_run(e, nsa, &a), NB);
-  assert_int_equal(load_run(e, nsa, &a, ka, ok), NB);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB);
   /* pick a block of each run whose slots differ, each with another master as target */
   node_info m[NODES];
   assert_int_equal(masters_load(m), 3);
-  uint16_t sa = block_slot(&ka[NB / 2]), sb = block_slot(&kb[NB / 2]);
+  uint16_t sa = block_slot(&c.kx[NB / 2]), sb = block_slot(&c.ky[NB / 2]);
   assert_int_not_equal(sa, sb);
   int src_a = slot_owner(sa), src_b = slot_owner(sb), dst_a = -1, dst_b = -1;
   const char *id_a = NULL, *id_b = NULL, *sid_a = NULL, *sid_b = NULL;
@@ -403,17 +426,17 @@ static void test_slot_migration(void **state) {
   admin_ok(dst_b, "CLUSTER SETSLOT %d IMPORTING %s", (int)sb, sid_b);
   admin_ok(src_b, "CLUSTER SETSLOT %d MIGRATING %s", (int)sb, id_b);
   char name[KVT_REMOTE_KEY_MAX];
-  size_t nlen = kvt_remote_block_key(&ka[NB / 2], name);
+  size_t nlen = kvt_remote_block_key(&c.kx[NB / 2], name);
   admin_ok(src_a, "MIGRATE 127.0.0.1 %d %b 0 5000", dst_a, name, nlen);
-  assert_false(key_on(src_a, &ka[NB / 2], 0)); /* moved: the source answers ASK */
+  assert_false(key_on(src_a, &c.kx[NB / 2], 0)); /* moved: the source answers ASK */
   /* mid-migration: run a is all there, run b is written */
-  assert_int_equal(lookup_run(e, nsa, &a), NB);
-  assert_int_equal(load_run(e, nsa, &a, ka, ok), NB);
-  assert_int_equal(put_run(&b), 0);
-  assert_true(key_on(dst_b, &kb[NB / 2], 1)); /* written where the ASK pointed */
-  assert_false(key_on(src_b, &kb[NB / 2], 0));
-  assert_int_equal(lookup_run(e, nsb, &b), NB);
-  assert_int_equal(load_run(e, nsb, &b, kb, ok), NB);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB);
+  assert_int_equal(put_run(&c.y), 0);
+  assert_true(key_on(dst_b, &c.ky[NB / 2], 1)); /* written where the ASK pointed */
+  assert_false(key_on(src_b, &c.ky[NB / 2], 0));
+  assert_int_equal(lookup_run(c.e, nsb, &c.y), NB);
+  assert_int_equal(load_run(c.e, nsb, &c.y, c.ky, ok), NB);
   /* finish both migrations: every master learns the new owners */
   migrate_rest(src_a, dst_a, sa);
   migrate_rest(src_b, dst_b, sb);
@@ -422,15 +445,14 @@ static void test_slot_migration(void **state) {
     admin_ok(m[i].port, "CLUSTER SETSLOT %d NODE %s", (int)sb, id_b);
   }
   assert_int_equal(slot_owner(sa), dst_a);
-  assert_int_equal(lookup_run(e, nsa, &a), NB);
-  assert_int_equal(load_run(e, nsa, &a, ka, ok), NB);
-  assert_int_equal(lookup_run(e, nsb, &b), NB);
-  assert_int_equal(load_run(e, nsb, &b, kb, ok), NB);
-  kvt_remote_stats rs = rstats(e);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB);
+  assert_int_equal(lookup_run(c.e, nsb, &c.y), NB);
+  assert_int_equal(load_run(c.e, nsb, &c.y, c.ky, ok), NB);
+  kvt_remote_stats rs = rstats(c.e);
   assert_int_equal(rs.checksum_failures, 0);
   assert_int_equal(rs.timeouts, 0);
-  kvt_engine_close(e);
-  tu_rmtree(d);
+  case_end(&c);
 }
 
 /* ------------------------------------------------------------ SIGSTOP */
@@ -440,42 +462,26 @@ static void test_slot_migration(void **state) {
  * others load; after SIGCONT every block loads bit-exact again. */
 static void test_sigstop(void **state) {
   (void)state;
-  cluster_reset();
-  run x;
-  run_init(&x, "stop", 0);
-  kvt_key keys[NB];
-  keys_of(&x, keys);
-  assert_int_equal(put_run(&x), 0);
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id ns = tu_register(e, x.model, &x.sh);
-  int ok[NB], stopped[NB], n_stopped = 0, first = -1;
-  assert_int_equal(lookup_run(e, ns, &x), NB);
-  assert_int_equal(load_run(e, ns, &x, keys, ok), NB);
-  int victim = slot_owner(block_slot(&keys[NB - 1]));
-  for (int b = 0; b < NB; b++) {
-    stopped[b] = slot_owner(block_slot(&keys[b])) == victim;
-    n_stopped += stopped[b];
-    if (stopped[b] && first < 0) first = b;
-  }
-  assert_true(n_stopped > 0 && n_stopped < NB);
+  tcase c;
+  case_start(&c, "stop", NULL);
+  int ok[NB], stopped[NB], n_stopped, first, victim;
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB);
+  pid_t pid = victim_pick(c.kx, &victim, stopped, &n_stopped, &first);
   for (int p = g_port; p < g_port + NODES; p++)
     admin_ok(p, "CONFIG SET cluster-replica-no-failover yes");
-  pid_t pid = rcu_node_pid(g_dir, victim);
-  assert_true(pid > 0);
   assert_int_equal(kill(pid, SIGSTOP), 0);
   /* stalled: lookups stop at its first block, loads miss its blocks */
-  assert_int_equal(lookup_run(e, ns, &x), (size_t)first);
-  assert_int_equal(load_run(e, ns, &x, keys, ok), NB - n_stopped);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), (size_t)first);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB - n_stopped);
   for (int b = 0; b < NB; b++) assert_int_equal(ok[b], !stopped[b]);
-  kvt_remote_stats rs = rstats(e);
+  kvt_remote_stats rs = rstats(c.e);
   assert_true(rs.timeouts > 0);
   assert_int_equal(rs.checksum_failures, 0);
   assert_int_equal(rs.evictions_noticed, 0); /* unreachable is not evicted */
   assert_int_equal(kill(pid, SIGCONT), 0);
-  wait_all_hits(e, ns, &x, keys);
-  kvt_engine_close(e);
-  tu_rmtree(d);
+  wait_all_hits(c.e, c.nx, &c.x, c.kx);
+  case_end(&c);
   cluster_reset();
 }
 
@@ -486,21 +492,13 @@ static void test_sigstop(void **state) {
  * misses, and a lookup that finds nothing notices nothing. */
 static void test_evictions_noticed(void **state) {
   (void)state;
-  cluster_reset();
-  run x, never;
-  run_init(&x, "evict", 0);
-  run_init(&never, "never", 60000);
-  kvt_key keys[NB], knever[NB];
-  keys_of(&x, keys);
-  keys_of(&never, knever);
-  assert_int_equal(put_run(&x), 0);
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id ns = tu_register(e, x.model, &x.sh), nn = tu_register(e, never.model, &never.sh);
-  assert_int_equal(lookup_run(e, ns, &x), NB); /* EXISTS: all there */
+  tcase c;
+  case_start(&c, "evict", "never");
+  kvt_ns_id nn = tu_register(c.e, c.y.model, &c.y.sh);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB); /* EXISTS: all there */
   int ok[NB];
-  assert_int_equal(load_run(e, nn, &never, knever, ok), 0);
-  kvt_remote_stats r0 = rstats(e);
+  assert_int_equal(load_run(c.e, nn, &c.y, c.ky, ok), 0);
+  kvt_remote_stats r0 = rstats(c.e);
   assert_int_equal(r0.evictions_noticed, 0);
   assert_true(r0.misses >= NB);
   /* squeeze every master below its own footprint: allkeys-lru evicts all */
@@ -523,20 +521,19 @@ static void test_evictions_noticed(void **state) {
       nap_ms(50);
     }
   }
-  assert_int_equal(load_run(e, ns, &x, keys, ok), 0);
-  kvt_remote_stats r1 = rstats(e);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), 0);
+  kvt_remote_stats r1 = rstats(c.e);
   assert_int_equal(r1.evictions_noticed, NB);
   assert_true(r1.misses >= r0.misses + NB);
   assert_int_equal(r1.checksum_failures, 0);
   /* known gone now: plain misses from here on */
-  assert_int_equal(lookup_run(e, ns, &x), 0);
-  assert_int_equal(load_run(e, ns, &x, keys, ok), 0);
-  assert_int_equal(load_run(e, nn, &never, knever, ok), 0);
-  kvt_remote_stats r2 = rstats(e);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), 0);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), 0);
+  assert_int_equal(load_run(c.e, nn, &c.y, c.ky, ok), 0);
+  kvt_remote_stats r2 = rstats(c.e);
   assert_int_equal(r2.evictions_noticed, NB);
   assert_true(r2.misses > r1.misses);
-  kvt_engine_close(e);
-  tu_rmtree(d);
+  case_end(&c);
   cluster_reset();
 }
 
@@ -549,61 +546,38 @@ static void test_evictions_noticed(void **state) {
  * blocks are written. Last: the node stays dead. */
 static void test_failover(void **state) {
   (void)state;
-  cluster_reset();
-  run x, y;
-  run_init(&x, "fail", 0);
-  run_init(&y, "after", 60000);
-  kvt_key keys[NB], ky[NB];
-  keys_of(&x, keys);
-  keys_of(&y, ky);
-  assert_int_equal(put_run(&x), 0);
-  wait_replicated();
-  char *d = tu_tmpdir();
-  kvt_engine *e = open_remote(d, DEADLINE_MS);
-  kvt_ns_id ns = tu_register(e, x.model, &x.sh);
-  int ok[NB], dead[NB], n_dead = 0, first = -1;
-  assert_int_equal(lookup_run(e, ns, &x), NB);
-  assert_int_equal(load_run(e, ns, &x, keys, ok), NB);
-  int victim = slot_owner(block_slot(&keys[NB - 1]));
-  for (int b = 0; b < NB; b++) {
-    dead[b] = slot_owner(block_slot(&keys[b])) == victim;
-    n_dead += dead[b];
-    if (dead[b] && first < 0) first = b;
-  }
-  assert_true(n_dead > 0 && n_dead < NB);
-  pid_t pid = rcu_node_pid(g_dir, victim);
-  assert_true(pid > 0);
+  tcase c;
+  case_start(&c, "fail", "after");
+  wait_replicated(); /* before the kill: the replica has every block */
+  int ok[NB], dead[NB], n_dead, first, victim;
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB);
+  pid_t pid = victim_pick(c.kx, &victim, dead, &n_dead, &first);
   assert_int_equal(kill(pid, SIGKILL), 0);
-  for (int i = 0; i < 500 && kill(pid, 0) == 0; i++) nap_ms(10);
-  assert_int_not_equal(kill(pid, 0), 0);
+  rfx_wait_gone(pid);
   /* failing over (it takes the cluster node timeout, 2 s, at least) */
-  assert_int_equal(lookup_run(e, ns, &x), (size_t)first);
-  assert_int_equal(load_run(e, ns, &x, keys, ok), NB - n_dead);
+  assert_int_equal(lookup_run(c.e, c.nx, &c.x), (size_t)first);
+  assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB - n_dead);
   for (int b = 0; b < NB; b++) assert_int_equal(ok[b], !dead[b]);
   /* the replica takes over: hits resume, bit-exact */
   wait_cluster_ok();
-  wait_all_hits(e, ns, &x, keys);
-  assert_int_not_equal(slot_owner(block_slot(&keys[NB - 1])), victim);
-  kvt_remote_stats rs = rstats(e);
+  wait_all_hits(c.e, c.nx, &c.x, c.kx);
+  assert_int_not_equal(slot_owner(block_slot(&c.kx[NB - 1])), victim);
+  kvt_remote_stats rs = rstats(c.e);
   assert_int_equal(rs.checksum_failures, 0);
   assert_int_equal(rs.evictions_noticed, 0);
   /* and new blocks land */
-  assert_int_equal(put_run(&y), 0);
-  kvt_ns_id nsy = tu_register(e, y.model, &y.sh);
-  assert_int_equal(lookup_run(e, nsy, &y), NB);
-  assert_int_equal(load_run(e, nsy, &y, ky, ok), NB);
-  kvt_engine_close(e);
-  tu_rmtree(d);
+  assert_int_equal(put_run(&c.y), 0);
+  kvt_ns_id nsy = tu_register(c.e, c.y.model, &c.y.sh);
+  assert_int_equal(lookup_run(c.e, nsy, &c.y), NB);
+  assert_int_equal(load_run(c.e, nsy, &c.y, c.ky, ok), NB);
+  case_end(&c);
 }
 
 int main(void) {
   rcu_require_redis();
   g_port = rcu_base_port(7130);
-  g_dir = getenv("KVT_REDIS_DIR");
-  if (!g_dir) {
-    fprintf(stderr, "skip: KVT_REDIS_DIR unset (run through ctest)\n");
-    return 77;
-  }
+  g_dir = rfx_cluster_dir();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", g_port,
            g_port + 1, g_port + 2);
   const struct CMUnitTest tests[] = {

@@ -39,6 +39,7 @@ typedef struct wjob {
   kvt_store_settled_fn settled;
   void *arg;
   size_t idx;
+  int cancelled;              /* its key removed while queued: not sent (q_lock) */
 } wjob;
 
 typedef struct centry {
@@ -62,6 +63,10 @@ struct kvt_remote {
   wjob *head, *tail;
   uint64_t q_bytes, q_limit;
   int busy, stop, writer_on;
+  wjob **flight;              /* the batch being sent: [n_flight] (q_lock) */
+  size_t n_flight;
+  int hold;                   /* tests: kvt_remote_test_hold */
+  uint64_t removes_waited;    /* removes that waited for a batch in flight */
   pthread_t writer;
   kvt_remote_counts n;
   uint64_t *seen;             /* [SEEN_N] fingerprints, atomics; 0 empty */
@@ -116,10 +121,14 @@ static void job_free(kvt_remote *r, wjob *j) {
 }
 
 /* Send jobs[0..n) as one pipeline; count and settle each. */
-static void write_batch(kvt_remote *r, wjob **jobs, size_t n) {
+static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
   kvt_rc_cmd cmd[WRITE_BATCH];
   char keys[WRITE_BATCH][KVT_REMOTE_KEY_MAX];
+  wjob *jobs[WRITE_BATCH];
+  size_t n = 0;
   memset(cmd, 0, sizeof cmd);
+  for (size_t i = 0; i < n_all; i++) /* set only while queued: settled once taken */
+    if (!all[i]->cancelled) jobs[n++] = all[i];
   for (size_t i = 0; i < n; i++) {
     cmd[i] = (kvt_rc_cmd){.op = KVT_RC_SET_NX, .key = keys[i], .val = jobs[i]->val,
                           .val_len = jobs[i]->len};
@@ -127,7 +136,7 @@ static void write_batch(kvt_remote *r, wjob **jobs, size_t n) {
   }
   kvt_remote_counts d = {0};
   int rc[WRITE_BATCH];
-  int failed = kvt_rc_exec(r->wr, cmd, n);
+  int failed = n ? kvt_rc_exec(r->wr, cmd, n) : 0;
   if (failed) d.write_failures += n;
   for (size_t i = 0; i < n; i++) {
     rc[i] = -EIO; /* stored only when the cluster said so: a settled 0 means durable */
@@ -145,10 +154,15 @@ static void write_batch(kvt_remote *r, wjob **jobs, size_t n) {
   pthread_mutex_lock(&r->q_lock);
   r->n.writes += d.writes, r->n.bytes_out += d.bytes_out, r->n.write_exists += d.write_exists;
   r->n.timeouts += d.timeouts, r->n.write_failures += d.write_failures;
+  r->n_flight = 0; /* answered: a remove waiting for these may DEL now */
+  pthread_cond_broadcast(&r->q_cv);
   pthread_mutex_unlock(&r->q_lock);
-  for (size_t i = 0; i < n; i++) {
-    if (jobs[i]->settled) jobs[i]->settled(jobs[i]->arg, jobs[i]->idx, jobs[i]->idx + 1, rc[i]);
-    job_free(r, jobs[i]);
+  /* A cancelled write settles 0: it ends as a write then the remove would
+   * (the block absent), and the engine counts a dropped block done. */
+  for (size_t i = 0, j = 0; i < n_all; i++) {
+    int c = j < n && all[i] == jobs[j] ? rc[j++] : 0;
+    if (all[i]->settled) all[i]->settled(all[i]->arg, all[i]->idx, all[i]->idx + 1, c);
+    job_free(r, all[i]);
   }
 }
 
@@ -171,11 +185,13 @@ static void *writer_main(void *arg) {
   wjob *jobs[WRITE_BATCH];
   pthread_mutex_lock(&r->q_lock);
   for (;;) {
-    while (!r->head && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
+    while ((!r->head || r->hold == 1) && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
     if (!r->head) break;
     size_t n = take_jobs(r, jobs);
     r->busy = 1;
+    r->flight = jobs, r->n_flight = n;
     pthread_cond_broadcast(&r->q_cv); /* room for posters */
+    while (r->hold == 2 && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
     pthread_mutex_unlock(&r->q_lock);
     write_batch(r, jobs, n);
     pthread_mutex_lock(&r->q_lock);
@@ -225,6 +241,43 @@ size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int w
     if (settled) settled(arg, i, i + 1, rc ? rc : -EAGAIN); /* given up, counted: not durable */
   }
   return queued;
+}
+
+/* Does keys[0..n) hold k? */
+static int keys_have(const kvt_key *keys, size_t n, const kvt_key *k) {
+  for (size_t i = 0; i < n; i++)
+    if (kvt_key_eq(&keys[i], k)) return 1;
+  return 0;
+}
+
+/* Before a remove DELs keys[0..n): queued writes of them are cancelled,
+ * and a batch in flight that SETs one is waited for (its replies read),
+ * so no SET of a removed key reaches the cluster after its DEL - on any
+ * node, whatever the redirects. Not from the writer thread: its batch is
+ * out of flight before it settles. Bounded by the writer's deadline. */
+static void queue_cancel(kvt_remote *r, const kvt_key *keys, size_t n) {
+  pthread_mutex_lock(&r->q_lock);
+  for (wjob *j = r->head; j; j = j->next)
+    if (!j->cancelled && keys_have(keys, n, &j->key)) j->cancelled = 1;
+  for (int waited = 0;;) {
+    int sending = 0;
+    for (size_t i = 0; i < r->n_flight && !sending; i++)
+      sending = !r->flight[i]->cancelled && keys_have(keys, n, &r->flight[i]->key);
+    if (!sending) break;
+    r->removes_waited += !waited;
+    waited = 1;
+    pthread_cond_wait(&r->q_cv, &r->q_lock);
+  }
+  pthread_mutex_unlock(&r->q_lock);
+}
+
+void kvt_remote_test_hold(kvt_remote *r, int hold, int *busy, uint64_t *waited) {
+  pthread_mutex_lock(&r->q_lock);
+  if (hold >= 0) r->hold = hold;
+  pthread_cond_broadcast(&r->q_cv);
+  if (busy) *busy = r->busy;
+  if (waited) *waited = r->removes_waited;
+  pthread_mutex_unlock(&r->q_lock);
 }
 
 void kvt_remote_drain(kvt_remote *r) {
@@ -455,6 +508,7 @@ int kvt_remote_remove(kvt_remote *r, const kvt_key *key) {
   if (r->rdonly) return KVT_ERDONLY;
   char k[KVT_REMOTE_KEY_MAX];
   kvt_rc_cmd c = {.op = KVT_RC_DEL, .key = k, .key_len = kvt_remote_block_key(key, k)};
+  queue_cancel(r, key, 1);
   pthread_mutex_lock(&r->rd_lock);
   centry *ce = cache_find(r, key);
   if (ce) cache_drop(r, ce);
@@ -473,6 +527,7 @@ uint64_t kvt_remote_remove_many(kvt_remote *r, const kvt_key *keys, size_t n) {
     kvt_rc_cmd cmd[DEL_BATCH];
     char k[DEL_BATCH][KVT_REMOTE_KEY_MAX];
     memset(cmd, 0, sizeof cmd);
+    queue_cancel(r, keys + i0, m);
     pthread_mutex_lock(&r->rd_lock);
     for (size_t i = 0; i < m; i++) {
       cmd[i] = (kvt_rc_cmd){.op = KVT_RC_DEL, .key = k[i],

@@ -71,6 +71,11 @@ size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int w
                        kvt_store_settled_fn settled, void *arg);
 /* Wait until the queue is empty and the writer idle. */
 void kvt_remote_drain(kvt_remote *r);
+/* Tests only: hold the writer (hold 1: it takes no job; 2: it takes a
+ * batch, then waits before sending it; 0: it runs; -1: unchanged); busy:
+ * a batch taken; waited: how many removes so far waited for a batch in
+ * flight. */
+void kvt_remote_test_hold(kvt_remote *r, int hold, int *busy, uint64_t *waited);
 
 /* How many of keys[0..n) lead that the cluster has (EXISTS, pipelined). */
 size_t kvt_remote_prefix(kvt_remote *r, const kvt_key *keys, size_t n);
@@ -90,6 +95,10 @@ typedef void (*kvt_remote_got_fn)(void *arg, const kvt_key *key, const uint8_t *
                                   const kvt_cold_entry *e, const kvt_cold_slice *sl);
 void kvt_remote_get_many(kvt_remote *r, const kvt_key *keys, size_t n, kvt_remote_got_fn fn,
                          void *arg);
+/* A remove cancels the queued writes of its keys (settled 0: as if
+ * written, then removed) and waits for a batch in flight that writes one
+ * (answered before its settled calls, which may remove), so no SET of a
+ * removed key lands after its DEL. */
 int kvt_remote_remove(kvt_remote *r, const kvt_key *key);
 /* DEL keys[0..n), pipelined (batches of 64, each within the deadline);
  * how many the cluster had. Best effort: an unreachable node keeps its. */
