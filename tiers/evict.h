@@ -12,9 +12,10 @@
  *    segment, as in segmented LRU, for the blocks a workload almost never
  *    asks for again - then the least recently used.
  *  - KVT_EVICT_LRU: plain least recently used, for comparison.
- *  - KVT_EVICT_LEARNED (kvt_options_init's default): CHAIN's candidates and probation; among the other
- *    leaves, 64 sampled at random (and the least recently used) are ranked by
- *    a reuse model trained online from this order's own accesses
+ *  - KVT_EVICT_LEARNED (kvt_options_init's default): CHAIN's candidates
+ *    and probation; among the other leaves, 64 sampled at random (and
+ *    the least recently used) are ranked by a reuse model trained online
+ *    from this order's own accesses
  *    (tiers/reuse_model.h: hit density by class and age, the horizon the
  *    tier's residence time) and the least dense goes - unless the model
  *    is not sure it is worth less than the least recently used leaf,
