@@ -33,6 +33,10 @@ void kvt_options_init(kvt_options *opt) {
   opt->cold_compress = 0; /* measured: saves 4-6% under load, reads slower (bench cold) */
   opt->io_backend = KVT_BACKEND_AUTO;
   opt->io_depth = 64;
+  /* Learned: what kvtier plan replays by default, so its figures are what
+   * the engine does (docs/capacity-planning.md); CHAIN and LRU stay
+   * selectable. */
+  opt->cold_evict = KVT_EVICT_LEARNED;
   /* Estimates for kvt_lookup(), from MEASURED.md: memcpy ~5 GB/s, warm
    * decode ~2 GB/s, cold O_DIRECT reads ~1 GB/s plus ~80 us latency. */
   const double gbps[KVT_N_TIERS] = {0, 5.0, 2.0, 1.0};

@@ -280,7 +280,7 @@ typedef struct kvt_options {
   uint32_t io_depth;              /**< queue depth, 1 .. 4096 (64) */
   kvt_test_fault test_fault;      /**< testing: I/O faults in the cold tier */
   uint32_t cold_evict;            /**< KVT_EVICT_*: which blocks the cold tier gives up
-                                       first when full (KVT_EVICT_CHAIN) */
+                                       first when full (KVT_EVICT_LEARNED) */
   uint32_t pad;
 } kvt_options;
 
@@ -292,7 +292,7 @@ typedef struct kvt_options {
                                     child are candidates; a chain's tail as written
                                     (never used or extended since) goes first, as a
                                     request's partial last block is rarely asked for
-                                    again; then the least recently used (default) */
+                                    again; then the least recently used */
 #define KVT_EVICT_LRU 1        /**< plain least recently used, for comparison */
 #define KVT_EVICT_CHAIN_LEAF 2 /**< chain tails, least recently used, no probation */
 #define KVT_EVICT_LEARNED 3    /**< chain tails as CHAIN, ranked by a small model of
@@ -303,7 +303,7 @@ typedef struct kvt_options {
                                     model's state is kept in the cold index across
                                     restarts. While a shadow LRU of sampled keys
                                     hits more often than the tier, it decides as
-                                    CHAIN (tiers/evict_guard.h) */
+                                    CHAIN (tiers/evict_guard.h). The default */
 
 /** Open read-only: no lock, no writes; for stat and fsck beside a live store. */
 #define KVT_OPEN_RDONLY 0x1u
@@ -450,7 +450,8 @@ typedef struct kvt_stats {
 
 /** Fill opt with the defaults: hot 1 GiB, warm 0 (no warm tier), cold 0
  * (the cold tier does not exist yet), 4096 sequences, 256 namespaces, 1M
- * blocks per sequence, 65536 load requests per batch. */
+ * blocks per sequence, 65536 load requests per batch, cold eviction
+ * KVT_EVICT_LEARNED. */
 void kvt_options_init(kvt_options *opt);
 
 /** The options every tier has, set and read by its id

@@ -289,7 +289,7 @@ static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const
   kvt_cold *c = arg;
   (void)v;
   if (!e) return 0; /* unparsable: fsck's business, never chosen */
-  int rc = kvt_evict_add(c->ev, key, &e->parent, e->rec_len);
+  int rc = kvt_evict_load(c->ev, key, &e->parent, e->rec_len); /* no access: a restart */
   return rc == -EEXIST ? 0 : rc;
 }
 

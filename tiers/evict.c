@@ -81,6 +81,7 @@ struct kvt_evict {
   uint64_t rng;                /* LEARNED: which leaves to sample (fixed seed: replays repeat) */
   double win_accesses, win_adds; /* LEARNED: accesses and adds lately (set_horizon) */
   size_t ent_bytes;            /* one entry (LEARNED's carry the model's history) */
+  int loading;                 /* kvt_evict_load: an add that is no access */
 };
 
 static uint64_t key_hash(const kvt_key *k) {
@@ -417,9 +418,11 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
     const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
     kvt_reuse_blk_init(e->rb, ph ? ph->depth + 1 : 0, ph ? ph->ns : 0, ph);
   }
-  if (learned(ev)) count_access(ev, 0, 1);
+  if (learned(ev) && !ev->loading) count_access(ev, 0, 1);
   if (learned(ev) && e->rb->staged) { /* its access was counted by kvt_evict_admit */
     e->rb->staged = 0;
+  } else if (learned(ev) && ev->loading) { /* stored before: not accessed now */
+    e->rb->last = kvt_reuse_now(ev->model);
   } else if (learned(ev)) {
     learned_access(ev, e);
   }
@@ -445,6 +448,13 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   ev->count++;
   ev->bytes += bytes;
   return 0;
+}
+
+int kvt_evict_load(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes) {
+  ev->loading = 1;
+  int rc = kvt_evict_add(ev, key, parent, bytes);
+  ev->loading = 0;
+  return rc;
 }
 
 int kvt_evict_touch(kvt_evict *ev, const kvt_key *key) {

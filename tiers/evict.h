@@ -5,16 +5,17 @@
  * `kvtier plan` replays traces through, so both run this very code.
  *
  * Policies:
- *  - KVT_EVICT_CHAIN (default): a block is useless without its prefix, so
+ *  - KVT_EVICT_CHAIN: a block is useless without its prefix, so
  *    only the tails of prefix chains are candidates: a block with a stored
  *    child is never chosen while a leaf is. Among leaves, tails as written
  *    (never used or extended since they were added) go first - a probation
  *    segment, as in segmented LRU, for the blocks a workload almost never
  *    asks for again - then the least recently used.
  *  - KVT_EVICT_LRU: plain least recently used, for comparison.
- *  - KVT_EVICT_LEARNED: CHAIN's candidates and probation; among the other
- *    leaves, 64 sampled at random (and the least recently used) are ranked by
- *    a reuse model trained online from this order's own accesses
+ *  - KVT_EVICT_LEARNED (kvt_options_init's default): CHAIN's candidates
+ *    and probation; among the other leaves, 64 sampled at random (and
+ *    the least recently used) are ranked by a reuse model trained online
+ *    from this order's own accesses
  *    (tiers/reuse_model.h: hit density by class and age, the horizon the
  *    tier's residence time) and the least dense goes - unless the model
  *    is not sure it is worth less than the least recently used leaf,
@@ -43,6 +44,10 @@ void kvt_evict_free(kvt_evict *ev); /* accepts NULL */
 /* Track key, most recent, with its chain parent (NULL or all zero for a
  * chain head) and size. 0; -EEXIST (tracked: touched instead); -ENOMEM. */
 int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes);
+/* kvt_evict_add for a block stored before (the index, loaded at open):
+ * tracked the same, but no access for LEARNED's model - its counts stay
+ * what was saved, and the block's age counts from now. */
+int kvt_evict_load(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes);
 /* A use of key: refreshes its recency. 1 when tracked, else 0. */
 int kvt_evict_touch(kvt_evict *ev, const kvt_key *key);
 /* Is key tracked? No side effect. */
