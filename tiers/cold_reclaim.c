@@ -399,7 +399,7 @@ static void evict_restore(kvt_cold *c, const kvt_key *keys, size_t n) {
     kvt_cold_entry e;
     if (cold_find_locked(c, t, &keys[i], &e, NULL, 0)) continue; /* gone after all */
     pthread_mutex_lock(&c->ev_lock);
-    kvt_evict_add(c->ev, &e.key, &e.parent, e.rec_len);
+    kvt_evict_load(c->ev, &e.key, &e.parent, e.rec_len); /* no access */
     pthread_mutex_unlock(&c->ev_lock);
   }
   mdb_txn_abort(t);
