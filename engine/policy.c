@@ -695,24 +695,51 @@ int kvt_seq_hint(kvt_seq *s, uint32_t layer, const float *score, size_t n_blocks
 
 /* A put of (s, block, layer) just succeeded: the block is retained again
  * with fresh state (its key norm from k). Without the lock. */
+/* The mean L2 norm of a block's key rows (the learned predictor's key_norm
+ * feature). Each row's squares are summed in channel order in double and
+ * the row norms in row order, as one row at a time would: the same bits.
+ * Rows are converted in groups of four and summed side by side, so the
+ * four sums' additions overlap instead of waiting on each other. */
+static float key_norm_of(const kvt_kv *kv) {
+  size_t rows = (size_t)kv->n_tokens * kv->n_heads, hd = kv->head_dim;
+  size_t elt = kv->dtype == KVT_F32 ? 4 : 2;
+  float buf[4 * KVT_MAX_HEAD_DIM];
+  double sum = 0;
+  for (size_t r = 0; r < rows;) {
+    size_t g = rows - r < 4 ? 1 : 4;
+    const char *src = (const char *)kv->k + r * hd * elt;
+    const float *x = (const float *)(const void *)src;
+    if (kv->dtype != KVT_F32) {
+      kvt_to_f32(src, kv->dtype, g * hd, buf);
+      x = buf;
+    }
+    if (g == 4) {
+      const float *x1 = x + hd, *x2 = x1 + hd, *x3 = x2 + hd;
+      double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t d = 0; d < hd; d++) {
+        s0 += (double)x[d] * x[d];
+        s1 += (double)x1[d] * x1[d];
+        s2 += (double)x2[d] * x2[d];
+        s3 += (double)x3[d] * x3[d];
+      }
+      sum += sqrt(s0);
+      sum += sqrt(s1);
+      sum += sqrt(s2);
+      sum += sqrt(s3);
+    } else {
+      double s0 = 0;
+      for (size_t d = 0; d < hd; d++) s0 += (double)x[d] * x[d];
+      sum += sqrt(s0);
+    }
+    r += g;
+  }
+  return rows ? (float)(sum / (double)rows) : 0;
+}
+
 void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   kvt_bstate *bs = &s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer];
   bs->left = 0;
-  if (!kv->k) return;
-  size_t rows = (size_t)kv->n_tokens * kv->n_heads;
-  double sum = 0;
-  for (size_t r = 0; r < rows; r++) {
-    double sq = 0;
-    for (uint32_t d = 0; d < kv->head_dim; d++) {
-      size_t i = r * kv->head_dim + d;
-      float x = kv->dtype == KVT_F32    ? ((const float *)kv->k)[i]
-                : kv->dtype == KVT_F16  ? kvt_f16_to_f32(((const uint16_t *)kv->k)[i])
-                                        : kvt_bf16_to_f32(((const uint16_t *)kv->k)[i]);
-      sq += (double)x * x;
-    }
-    sum += sqrt(sq);
-  }
-  bs->key_norm = rows ? (float)(sum / (double)rows) : 0;
+  if (kv->k) bs->key_norm = key_norm_of(kv);
 }
 
 /* ---- per-namespace profiles and predictors ------------------------------------ */
