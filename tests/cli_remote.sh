@@ -4,6 +4,9 @@
 # another that loads the first one's blocks from the cluster (remote hits,
 # no checksum failure), stat listing the namespace it never registered,
 # and a refused open whose messages do not contain the URL's password.
+# import --remote writes through (remote writes counted; stat --remote from
+# an empty directory lists the imported namespace);
+# a bad URL on import is a clear error, and fsck refuses --remote.
 # Usage: cli_remote.sh <path-to-kvtier>. Exit 0 pass, 1 fail, 77 skip.
 set -u
 
@@ -32,5 +35,27 @@ fi
 if kvt_run refused 1 stat "$TMP/c" --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:1"; then
   if grep -q "Sekrit" "$TMP/refused.out" "$TMP/refused.err"; then fail "refused: the password was printed"
   else pass "refused: no password in the messages"; fi
+fi
+# import --remote: the KV of a made-up model, written through to the cluster
+"${KVT_PYTHON:-/usr/bin/python3}" "$(dirname "$0")/gen_safetensors.py" --out "$TMP/kv.st" --tokens-out "$TMP/kv.tok" \
+  --tokens 64 --seed "$SEED" --first-token $((SEED % 1000)) || fail "gen_safetensors.py failed"
+IMP=(import --kv "$TMP/kv.st" --tokens "$TMP/kv.tok" --model-id "cli-remote-$SEED"
+     --fingerprint "f$SEED" --remote "$URL" --json)
+if kvt_run import_d 0 "${IMP[@]}" --dir "$TMP/d"; then
+  json import_d 'r = d["remote"]; assert d["blocks_stored"] == 4, d; assert r["writes"] + r["write_exists"] > 0, r'
+fi
+mkdir -p "$TMP/e"
+if kvt_run stat_e 0 stat "$TMP/e" --remote "$URL" --json; then
+  json stat_e "assert any(n['model_id'] == 'cli-remote-$SEED' for n in d['namespaces'].values()), d"
+fi
+if kvt_run import_bad 1 import --kv "$TMP/kv.st" --tokens "$TMP/kv.tok" --model-id m \
+   --fingerprint f --dir "$TMP/f" --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:notaport"; then
+  if grep -q "Sekrit" "$TMP/import_bad.out" "$TMP/import_bad.err"; then fail "import_bad: the password was printed"
+  elif ! grep -qi "remote\|redis\|URL" "$TMP/import_bad.err" || grep -q "kv.st" "$TMP/import_bad.err"; then fail "import_bad: no word of the URL in: $(cat "$TMP/import_bad.err")"
+  else pass "import_bad: a clear error, no password"; fi
+fi
+if kvt_run fsck_remote 2 fsck "$TMP/d" --remote "$URL"; then
+  if grep -q -- "--remote" "$TMP/fsck_remote.err"; then pass "fsck_remote: refused"
+  else fail "fsck_remote: no word of --remote in: $(cat "$TMP/fsck_remote.err")"; fi
 fi
 [ "$FAILS" -eq 0 ] || exit 1
