@@ -6,7 +6,9 @@
 # and a refused open whose messages do not contain the URL's password.
 # import --remote writes through (remote writes counted; stat --remote from
 # an empty directory lists the imported namespace);
-# a bad URL on import is a clear error, and fsck refuses --remote.
+# a bad URL on import is a clear error, and fsck refuses --remote; bench
+# policy runs with the remote tier (its counters in the JSON) and refuses a
+# bad URL without printing the password.
 # Usage: cli_remote.sh <path-to-kvtier>. Exit 0 pass, 1 fail, 77 skip.
 set -u
 
@@ -57,5 +59,14 @@ fi
 if kvt_run fsck_remote 2 fsck "$TMP/d" --remote "$URL"; then
   if grep -q -- "--remote" "$TMP/fsck_remote.err"; then pass "fsck_remote: refused"
   else fail "fsck_remote: no word of --remote in: $(cat "$TMP/fsck_remote.err")"; fi
+fi
+if kvt_run bench_policy 0 bench policy --rounds 1 --tokens 64 --dir "$TMP/p" --remote "$URL" --json; then
+  json bench_policy 'assert "remote" in d and d["remote"]["checksum_failures"] == 0, d'
+fi
+if kvt_run bench_bad 1 bench policy --rounds 1 --tokens 64 --dir "$TMP/q" \
+   --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:notaport"; then
+  if grep -q "Sekrit" "$TMP/bench_bad.out" "$TMP/bench_bad.err"; then fail "bench_bad: the password was printed"
+  elif ! grep -qi "remote" "$TMP/bench_bad.err"; then fail "bench_bad: no word of the URL in: $(cat "$TMP/bench_bad.err")"
+  else pass "bench_bad: a clear error, no password"; fi
 fi
 [ "$FAILS" -eq 0 ] || exit 1

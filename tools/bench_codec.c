@@ -114,6 +114,7 @@ static void json_report(const codec_run *r)
   json_obj(&j, "targets");
   for (int i = 0; i < N_TARGETS; i++) json_bool(&j, t[i].name, t[i].value >= t[i].want);
   json_end(&j);
+  cli_remote_json(&j, &r->remote);
   json_end(&j);
 }
 
@@ -192,7 +193,7 @@ static void human_report(const codec_run *r)
 
 /* ---- command ------------------------------------------------------------------------- */
 
-#define CODEC_N_OPTS 8
+#define CODEC_N_OPTS 9
 
 static void codec_opts(codec_cfg *c, cli_opt o[CODEC_N_OPTS])
 {
@@ -209,6 +210,7 @@ static void codec_opts(codec_cfg *c, cli_opt o[CODEC_N_OPTS])
       {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "seed of KV and queries (default 1)"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one, removed)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -256,7 +258,10 @@ static int codec_main(codec_run *r)
   if (rc == CLI_OK) rc = attend_timing(r);
   if (rc != CLI_OK) return rc;
   if (r->cfg.json) json_report(r);
-  else human_report(r);
+  else {
+    human_report(r);
+    cli_remote_print(&r->remote);
+  }
   return CLI_OK;
 }
 

@@ -69,7 +69,7 @@ static kvt_ns_desc bc_desc = {
 };
 
 typedef struct bc_cfg {
-  const char *dir;
+  const char *dir, *remote;
   uint64_t mib, rounds, samples, seed, block_tokens;
   int json;
 } bc_cfg;
@@ -85,6 +85,7 @@ typedef struct bc_variant {
 
 typedef struct bc_run {
   bc_cfg cfg;
+  kvt_remote_stats remote;     /* with --remote: every engine's counters, summed */
   bench_dir dir;
   uint32_t n_blocks;           /* token blocks */
   uint64_t bytes;              /* n_blocks * BC_TBLOCK_BYTES */
@@ -125,7 +126,7 @@ static double load_avg(void)
 
 /* ---- options ----------------------------------------------------------- */
 
-#define BC_N_OPTS 7
+#define BC_N_OPTS 8
 
 static void bc_opts(bc_cfg *c, cli_opt o[BC_N_OPTS])
 {
@@ -141,6 +142,7 @@ static void bc_opts(bc_cfg *c, cli_opt o[BC_N_OPTS])
       {"--block-tokens", "T", CLI_U64, &c->block_tokens, 1, BC_TOKENS_MAX,
        "tokens per block, 1 to 64 (default 16: 64 KiB layer blocks, 2 MiB token blocks)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -305,7 +307,7 @@ static int bc_open(const bc_run *r, const char *store, uint32_t compress, kvt_en
   opt.tier_bytes_limit[KVT_TIER_HOT] = BC_HOT_LIMIT;
   opt.tier_bytes_limit[KVT_TIER_COLD] = 2 * r->bytes + (512ull << 20);
   opt.cold_compress = compress;
-  int rc = cli_engine_open(store, &opt, e);
+  int rc = cli_engine_open_remote(store, &opt, r->cfg.remote, e);
   if (rc != 0) return bc_fail("opening the store", rc);
   rc = kvt_ns_register(*e, &bc_desc, ns);
   if (rc != 0) return bc_fail("registering the namespace", rc);
@@ -408,6 +410,7 @@ static int kvt_write(bc_run *r, const char *store, uint32_t compress, double *ou
   }
   for (uint32_t s = 0; seqs && s < n_seqs; s++) kvt_seq_release(seqs[s]);
   free(seqs);
+  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   return rc;
 }
@@ -460,6 +463,7 @@ static int kvt_read(bc_run *r, const char *store, uint32_t compress, double *out
   kvt_ns_id ns;
   int rc = bc_open(r, store, compress, &e, &ns);
   if (rc == CLI_OK) rc = kvt_read_all(r, e, ns, out_gbps);
+  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   return rc;
 }
@@ -713,6 +717,7 @@ static int rand_reads(bc_run *r, const char *store, const char *raw_path, uint32
   int rc = bc_open(r, store, compress, &e, &ns);
   if (rc == CLI_OK) rc = rand_qd1(r, e, ns, fd);
   if (rc == CLI_OK) rc = rand_qd32(r, e, ns, qd32);
+  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   close(fd);
   return rc;
@@ -926,6 +931,7 @@ static void bc_json(const bc_run *r, const bc_summary *s)
   json_f64(&j, "load_avg_start", r->load_start);
   json_f64(&j, "load_avg_end", r->load_end);
   json_f64(&j, "seconds", (double)(now_ns() - r->started_ns) / 1e9);
+  cli_remote_json(&j, &r->remote);
   json_end(&j);
 }
 
@@ -1018,8 +1024,10 @@ int bench_cold(int argc, char **argv)
     summarize(r, &s);
     if (cfg.json)
       bc_json(r, &s);
-    else
+    else {
       bc_human(r, &s);
+      cli_remote_print(&r->remote);
+    }
   }
   bc_free(r);
   free(r);
