@@ -6,7 +6,7 @@
 # and a refused open whose messages do not contain the URL's password.
 # import --remote writes through (remote writes counted; stat --remote from
 # an empty directory lists the imported namespace);
-# a bad URL on import is a clear error, and fsck refuses --remote; bench
+# a bad URL on import is a clear error, fsck and bench cold refuse --remote; bench
 # policy runs with the remote tier (its counters in the JSON) and refuses a
 # bad URL without printing the password.
 # Usage: cli_remote.sh <path-to-kvtier>. Exit 0 pass, 1 fail, 77 skip.
@@ -68,5 +68,9 @@ if kvt_run bench_bad 1 bench policy --rounds 1 --tokens 64 --dir "$TMP/q" \
   if grep -q "Sekrit" "$TMP/bench_bad.out" "$TMP/bench_bad.err"; then fail "bench_bad: the password was printed"
   elif ! grep -qi "remote" "$TMP/bench_bad.err"; then fail "bench_bad: no word of the URL in: $(cat "$TMP/bench_bad.err")"
   else pass "bench_bad: a clear error, no password"; fi
+fi
+if kvt_run cold_remote 2 bench cold --remote "$URL"; then
+  if grep -q -- "--remote" "$TMP/cold_remote.err"; then pass "cold_remote: refused"
+  else fail "cold_remote: no word of --remote in: $(cat "$TMP/cold_remote.err")"; fi
 fi
 [ "$FAILS" -eq 0 ] || exit 1

@@ -114,7 +114,6 @@ static void json_report(const codec_run *r)
   json_obj(&j, "targets");
   for (int i = 0; i < N_TARGETS; i++) json_bool(&j, t[i].name, t[i].value >= t[i].want);
   json_end(&j);
-  cli_remote_json(&j, &r->remote);
   json_end(&j);
 }
 
@@ -258,10 +257,7 @@ static int codec_main(codec_run *r)
   if (rc == CLI_OK) rc = attend_timing(r);
   if (rc != CLI_OK) return rc;
   if (r->cfg.json) json_report(r);
-  else {
-    human_report(r);
-    cli_remote_print(&r->remote);
-  }
+  else human_report(r);
   return CLI_OK;
 }
 
@@ -275,6 +271,13 @@ int bench_codec(int argc, char **argv)
   int rc = cli_parse("bench codec", argc, argv, opts, CODEC_N_OPTS, &want_help);
   if (want_help) bench_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
+  if (cfg.remote) { /* its engines register one model id with 1 and with 32 layers */
+    fprintf(stderr, "kvtier bench codec: --remote: bench codec measures the codecs in RAM and "
+                    "its engines register one model id with two shapes, which a cluster's "
+                    "shared namespaces refuse; 'kvtier bench remote --url URL' measures the "
+                    "remote tier (docs/remote.md)\n");
+    return CLI_USAGE;
+  }
   codec_run *r = calloc(1, sizeof *r);
   if (r == NULL) return codec_fail("allocating state", -ENOMEM);
   r->cfg = cfg;

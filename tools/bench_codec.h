@@ -57,7 +57,7 @@ typedef struct codec_cfg {
   uint64_t mib, rounds, tokens, attend_tokens, seed;
   const char *codec; /* pair of the attend timing */
   const char *dir;
-  const char *remote; /* --remote URL, NULL: none */
+  const char *remote; /* --remote URL: refused (bench_codec.c) */
   int json;
 } codec_cfg;
 
@@ -89,7 +89,6 @@ typedef struct attend_res {
 typedef struct codec_run {
   codec_cfg cfg;
   const char *dir;
-  kvt_remote_stats remote;    /* with --remote: every engine's counters, summed */
   uint64_t l3_bytes;
   int simd;                   /* the tool's own attention kernel: 1 AVX2/F16C */
   size_t ws, n_blk;           /* working set (f16 bytes) and its tensors */

@@ -149,7 +149,7 @@ static kvt_ns_desc codec_desc(uint32_t n_layers)
 /* An engine where every block is warm (hot limit 0: a block can never fit
  * hot, so puts encode it straight into warm), or, with k_codec 0, every
  * block hot. */
-static int open_codec_engine(const codec_run *r, uint32_t n_layers, uint64_t n_lblk, int k_codec,
+static int open_codec_engine(const char *dir, uint32_t n_layers, uint64_t n_lblk, int k_codec,
                              int v_codec, kvt_engine **e, kvt_ns_id *ns)
 {
   kvt_options opt;
@@ -161,7 +161,7 @@ static int open_codec_engine(const codec_run *r, uint32_t n_layers, uint64_t n_l
   } else {
     opt.tier_bytes_limit[KVT_TIER_HOT] = n_lblk * (2 * C_F16_BYTES + 1024) + (16u << 20);
   }
-  int rc = cli_engine_open_remote(r->dir, &opt, r->cfg.remote, e);
+  int rc = cli_engine_open(dir, &opt, e);
   kvt_ns_desc d = codec_desc(n_layers);
   if (rc == 0) rc = kvt_ns_register(*e, &d, ns);
   if (rc == 0 && k_codec) rc = kvt_ns_set_codec(*e, *ns, KVT_ALL_LAYERS, k_codec, v_codec);
@@ -209,7 +209,7 @@ static int att_engine(codec_run *r, const att_data *a, int k_codec, int v_codec,
   const size_t nq = (size_t)C_QHEADS * C_DIM;
   float *o = malloc(nq * sizeof *o);
   double se = 0, ss = 0;
-  int rc = o ? open_codec_engine(r, 1, a->n_blk, k_codec, v_codec, &e, &ns) : -ENOMEM;
+  int rc = o ? open_codec_engine(r->dir, 1, a->n_blk, k_codec, v_codec, &e, &ns) : -ENOMEM;
   if (rc == 0) rc = kvt_seq_create(e, ns, &s);
   if (rc == 0) rc = put_context(s, a->tokens, a->n_blk, 1, a->k, a->v);
   rc = rc ? codec_fail("putting the attention context", rc) : check_tiers(e, a->n_blk, k_codec);
@@ -228,7 +228,6 @@ static int att_engine(codec_run *r, const att_data *a, int k_codec, int v_codec,
   }
   *err = sqrt(se / ss);
   kvt_seq_release(s);
-  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   free(o);
   return rc;
@@ -566,7 +565,7 @@ static int at_setup(codec_run *r, att_time *t)
   prng_seed(&p, mix64(r->cfg.seed ^ 0x71ull));
   fill_gauss_f32(&p, t->q, nq);
   uint64_t n_lblk = (uint64_t)t->n_blk * C_LAYERS;
-  rc = open_codec_engine(r, C_LAYERS, n_lblk, a->k_codec, a->v_codec, &t->e, &t->ns);
+  rc = open_codec_engine(r->dir, C_LAYERS, n_lblk, a->k_codec, a->v_codec, &t->e, &t->ns);
   if (rc == 0) rc = kvt_seq_create(t->e, t->ns, &t->s);
   if (rc == 0) rc = put_context(t->s, t->tokens, t->n_blk, C_LAYERS, t->k, t->v);
   if (rc != 0) return codec_fail("putting the timed context", rc);
@@ -651,7 +650,6 @@ int attend_timing(codec_run *r)
     a->fratio[i] = tf / ta;
   }
   progress_end();
-  cli_remote_add(t.e, &r->remote);
   at_free(&t);
   if (rc != CLI_OK) return rc;
   a->rounds = i;

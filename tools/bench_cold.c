@@ -69,7 +69,7 @@ static kvt_ns_desc bc_desc = {
 };
 
 typedef struct bc_cfg {
-  const char *dir, *remote;
+  const char *dir, *remote; /* remote: refused, see cmd */
   uint64_t mib, rounds, samples, seed, block_tokens;
   int json;
 } bc_cfg;
@@ -85,7 +85,6 @@ typedef struct bc_variant {
 
 typedef struct bc_run {
   bc_cfg cfg;
-  kvt_remote_stats remote;     /* with --remote: every engine's counters, summed */
   bench_dir dir;
   uint32_t n_blocks;           /* token blocks */
   uint64_t bytes;              /* n_blocks * BC_TBLOCK_BYTES */
@@ -307,7 +306,7 @@ static int bc_open(const bc_run *r, const char *store, uint32_t compress, kvt_en
   opt.tier_bytes_limit[KVT_TIER_HOT] = BC_HOT_LIMIT;
   opt.tier_bytes_limit[KVT_TIER_COLD] = 2 * r->bytes + (512ull << 20);
   opt.cold_compress = compress;
-  int rc = cli_engine_open_remote(store, &opt, r->cfg.remote, e);
+  int rc = cli_engine_open(store, &opt, e);
   if (rc != 0) return bc_fail("opening the store", rc);
   rc = kvt_ns_register(*e, &bc_desc, ns);
   if (rc != 0) return bc_fail("registering the namespace", rc);
@@ -410,7 +409,6 @@ static int kvt_write(bc_run *r, const char *store, uint32_t compress, double *ou
   }
   for (uint32_t s = 0; seqs && s < n_seqs; s++) kvt_seq_release(seqs[s]);
   free(seqs);
-  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   return rc;
 }
@@ -463,7 +461,6 @@ static int kvt_read(bc_run *r, const char *store, uint32_t compress, double *out
   kvt_ns_id ns;
   int rc = bc_open(r, store, compress, &e, &ns);
   if (rc == CLI_OK) rc = kvt_read_all(r, e, ns, out_gbps);
-  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   return rc;
 }
@@ -717,7 +714,6 @@ static int rand_reads(bc_run *r, const char *store, const char *raw_path, uint32
   int rc = bc_open(r, store, compress, &e, &ns);
   if (rc == CLI_OK) rc = rand_qd1(r, e, ns, fd);
   if (rc == CLI_OK) rc = rand_qd32(r, e, ns, qd32);
-  cli_remote_add(e, &r->remote);
   kvt_engine_close(e);
   close(fd);
   return rc;
@@ -931,7 +927,6 @@ static void bc_json(const bc_run *r, const bc_summary *s)
   json_f64(&j, "load_avg_start", r->load_start);
   json_f64(&j, "load_avg_end", r->load_end);
   json_f64(&j, "seconds", (double)(now_ns() - r->started_ns) / 1e9);
-  cli_remote_json(&j, &r->remote);
   json_end(&j);
 }
 
@@ -994,6 +989,12 @@ int bench_cold(int argc, char **argv)
   int rc = cli_parse("bench cold", argc, argv, o, BC_N_OPTS, &want_help);
   if (want_help) bench_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
+  if (cfg.remote) { /* its checks count the local cold tier's records after kvt_sync */
+    fprintf(stderr, "kvtier bench cold: --remote: bench cold measures the local cold tier "
+                    "against raw file I/O and does not run with a remote tier; 'kvtier bench "
+                    "remote --url URL' measures that (docs/remote.md)\n");
+    return CLI_USAGE;
+  }
   bc_tokens = (uint32_t)cfg.block_tokens;
   bc_shape.block_tokens = bc_desc.shape.block_tokens = bc_tokens;
   bc_run *r = calloc(1, sizeof *r);
@@ -1024,10 +1025,8 @@ int bench_cold(int argc, char **argv)
     summarize(r, &s);
     if (cfg.json)
       bc_json(r, &s);
-    else {
+    else
       bc_human(r, &s);
-      cli_remote_print(&r->remote);
-    }
   }
   bc_free(r);
   free(r);

@@ -1,7 +1,6 @@
 /* remote_cli.c - the tools' side of the remote tier: opening an engine
  * with --remote URL, and the remote tier's counters in text and JSON.
  * The URL may hold a password: it is never printed. */
-#include <stddef.h>
 #include <stdio.h>
 
 #include "util.h"
@@ -56,15 +55,4 @@ void cli_remote_json(json_w *j, const kvt_remote_stats *r) {
   json_u64(j, "local_copies", rs.local_copies);
   json_u64(j, "evictions_noticed", rs.evictions_noticed);
   json_end(j);
-}
-
-void cli_remote_add(kvt_engine *e, kvt_remote_stats *sum) {
-  kvt_remote_stats rs;
-  if (!cli_remote_get(e, &rs)) return;
-  /* every counter is a uint64_t from hits to the end: add them all */
-  size_t n = (sizeof rs - offsetof(kvt_remote_stats, hits)) / sizeof(uint64_t);
-  uint64_t *d = &sum->hits;
-  const uint64_t *s = &rs.hits;
-  for (size_t i = 0; i < n; i++) d[i] += s[i];
-  sum->size = sizeof *sum;
 }

@@ -199,8 +199,5 @@ void bench_dir_close(bench_dir *d, const char *cmd);
 int cli_remote_get(kvt_engine *e, kvt_remote_stats *rs);
 void cli_remote_print(const kvt_remote_stats *rs);
 void cli_remote_json(json_w *j, const kvt_remote_stats *rs);
-/* Add e's remote counters into *sum (zeroed by the caller; its size set
- * once an engine had a remote tier), for benches that open several engines. */
-void cli_remote_add(kvt_engine *e, kvt_remote_stats *sum);
 
 #endif
