@@ -4,6 +4,11 @@
 # another that loads the first one's blocks from the cluster (remote hits,
 # no checksum failure), stat listing the namespace it never registered,
 # and a refused open whose messages do not contain the URL's password.
+# import --remote writes through (remote writes counted; stat --remote from
+# an empty directory lists the imported namespace);
+# a bad URL on import is a clear error, fsck and bench cold refuse --remote; bench
+# policy runs with the remote tier (its counters in the JSON) and refuses a
+# bad URL without printing the password.
 # Usage: cli_remote.sh <path-to-kvtier>. Exit 0 pass, 1 fail, 77 skip.
 set -u
 
@@ -32,5 +37,40 @@ fi
 if kvt_run refused 1 stat "$TMP/c" --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:1"; then
   if grep -q "Sekrit" "$TMP/refused.out" "$TMP/refused.err"; then fail "refused: the password was printed"
   else pass "refused: no password in the messages"; fi
+fi
+# import --remote: the KV of a made-up model, written through to the cluster
+"${KVT_PYTHON:-/usr/bin/python3}" "$(dirname "$0")/gen_safetensors.py" --out "$TMP/kv.st" --tokens-out "$TMP/kv.tok" \
+  --tokens 64 --seed "$SEED" --first-token $((SEED % 1000)) || fail "gen_safetensors.py failed"
+IMP=(import --kv "$TMP/kv.st" --tokens "$TMP/kv.tok" --model-id "cli-remote-$SEED"
+     --fingerprint "f$SEED" --remote "$URL" --json)
+if kvt_run import_d 0 "${IMP[@]}" --dir "$TMP/d"; then
+  json import_d 'r = d["remote"]; assert d["blocks_stored"] == 4, d; assert r["writes"] + r["write_exists"] > 0, r'
+fi
+mkdir -p "$TMP/e"
+if kvt_run stat_e 0 stat "$TMP/e" --remote "$URL" --json; then
+  json stat_e "assert any(n['model_id'] == 'cli-remote-$SEED' for n in d['namespaces'].values()), d"
+fi
+if kvt_run import_bad 1 import --kv "$TMP/kv.st" --tokens "$TMP/kv.tok" --model-id m \
+   --fingerprint f --dir "$TMP/f" --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:notaport"; then
+  if grep -q "Sekrit" "$TMP/import_bad.out" "$TMP/import_bad.err"; then fail "import_bad: the password was printed"
+  elif ! grep -qi "remote\|redis\|URL" "$TMP/import_bad.err" || grep -q "kv.st" "$TMP/import_bad.err"; then fail "import_bad: no word of the URL in: $(cat "$TMP/import_bad.err")"
+  else pass "import_bad: a clear error, no password"; fi
+fi
+if kvt_run fsck_remote 2 fsck "$TMP/d" --remote "$URL"; then
+  if grep -q -- "--remote" "$TMP/fsck_remote.err"; then pass "fsck_remote: refused"
+  else fail "fsck_remote: no word of --remote in: $(cat "$TMP/fsck_remote.err")"; fi
+fi
+if kvt_run bench_policy 0 bench policy --rounds 1 --tokens 64 --dir "$TMP/p" --remote "$URL" --json; then
+  json bench_policy 'assert "remote" in d and d["remote"]["checksum_failures"] == 0, d'
+fi
+if kvt_run bench_bad 1 bench policy --rounds 1 --tokens 64 --dir "$TMP/q" \
+   --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:notaport"; then
+  if grep -q "Sekrit" "$TMP/bench_bad.out" "$TMP/bench_bad.err"; then fail "bench_bad: the password was printed"
+  elif ! grep -qi "remote" "$TMP/bench_bad.err"; then fail "bench_bad: no word of the URL in: $(cat "$TMP/bench_bad.err")"
+  else pass "bench_bad: a clear error, no password"; fi
+fi
+if kvt_run cold_remote 2 bench cold --remote "$URL"; then
+  if grep -q -- "--remote" "$TMP/cold_remote.err"; then pass "cold_remote: refused"
+  else fail "cold_remote: no word of --remote in: $(cat "$TMP/cold_remote.err")"; fi
 fi
 [ "$FAILS" -eq 0 ] || exit 1

@@ -48,8 +48,9 @@ static const kvt_ns_desc b_desc = {
 static int share_fail(const char *what, int rc) { return cli_lib_error("bench share", what, rc); }
 static int hot_fail(const char *what, int rc) { return cli_lib_error("bench hot", what, rc); }
 
-static int bench_open(const char *dir, uint64_t hot_limit, uint64_t warm_limit, uint32_t flags,
-                      uint32_t max_seqs, kvt_engine **e, kvt_ns_id *ns)
+static int bench_open(const char *dir, const char *remote, uint64_t hot_limit,
+                      uint64_t warm_limit, uint32_t flags, uint32_t max_seqs, kvt_engine **e,
+                      kvt_ns_id *ns)
 {
   kvt_options opt;
   kvt_options_init(&opt);
@@ -57,7 +58,7 @@ static int bench_open(const char *dir, uint64_t hot_limit, uint64_t warm_limit, 
   opt.tier_bytes_limit[KVT_TIER_WARM] = warm_limit;
   opt.flags = flags;
   if (max_seqs > opt.max_seqs) opt.max_seqs = max_seqs;
-  int rc = cli_engine_open(dir, &opt, e);
+  int rc = cli_engine_open_remote(dir, &opt, remote, e);
   if (rc != 0) return rc;
   return kvt_ns_register(*e, &b_desc, ns);
 }
@@ -73,7 +74,7 @@ static uint64_t stored_bytes(const kvt_stats *st)
 
 typedef struct share_cfg {
   uint64_t agents, tokens, own, seed; /* tokens: shared by all; own: each agent's alone */
-  const char *dir;
+  const char *dir, *remote;
   const char *codec; /* NULL: every block hot, f16 */
   int json;
 } share_cfg;
@@ -100,7 +101,7 @@ typedef struct share_run {
   uint64_t ns_total;
 } share_run;
 
-#define SHARE_N_OPTS 7
+#define SHARE_N_OPTS 8
 
 static void share_opts(share_cfg *c, cli_opt o[SHARE_N_OPTS])
 {
@@ -117,6 +118,7 @@ static void share_opts(share_cfg *c, cli_opt o[SHARE_N_OPTS])
       {"--codec", "KV", CLI_STR, &c->codec, 0, 0,
        "keep every block warm, encoded with this pair (k8v3, k8cv3, k4v2, ...)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -401,6 +403,9 @@ static void share_json(const share_run *r, uint64_t priv, double red)
   json_u64(&j, "dedup_hits", st->dedup_hits);
   json_bool(&j, "verified", 1);
   json_f64(&j, "seconds", (double)r->ns_total / 1e9);
+  kvt_remote_stats rs;
+  cli_remote_get(r->e, &rs);
+  cli_remote_json(&j, &rs);
   json_end(&j);
 }
 
@@ -446,6 +451,9 @@ static void share_report(const share_run *r)
   printf("  dedup                      %" PRIu64 " puts of stored blocks, %" PRIu64
          " dedup hits; gathered KV checked\n  time                       %.2f s\n",
          r->dedup_puts, st->dedup_hits, (double)r->ns_total / 1e9);
+  kvt_remote_stats rs;
+  cli_remote_get(r->e, &rs);
+  cli_remote_print(&rs);
 }
 
 /* Every byte by category: the tiers, index, sequences and the rest must
@@ -483,7 +491,7 @@ static int share_open(share_run *r, const char *dir)
     hot = 0;
     warm = share_lblocks(r) * (r->k_len + r->v_len + 1024) + (64u << 20);
   }
-  int rc = bench_open(dir, hot, warm, 0, (uint32_t)r->cfg.agents, &r->e, &r->ns);
+  int rc = bench_open(dir, r->cfg.remote, hot, warm, 0, (uint32_t)r->cfg.agents, &r->e, &r->ns);
   if (rc != 0) return share_fail("opening the store", rc);
   if (r->cfg.codec) {
     rc = kvt_ns_set_codec(r->e, r->ns, KVT_ALL_LAYERS, r->k_codec, r->v_codec);
@@ -555,7 +563,7 @@ static int bench_share(int argc, char **argv)
 
 typedef struct hot_cfg {
   uint64_t mib, rounds, lookups, seed; /* mib 0: HOT_L3_TIMES x the L3 cache */
-  const char *dir;
+  const char *dir, *remote;
   int json;
 } hot_cfg;
 
@@ -577,7 +585,7 @@ typedef struct hot_run {
   uint64_t l3_bytes;             /* 0: unknown */
 } hot_run;
 
-#define HOT_N_OPTS 6
+#define HOT_N_OPTS 7
 
 static void hot_opts(hot_cfg *c, cli_opt o[HOT_N_OPTS])
 {
@@ -591,6 +599,7 @@ static void hot_opts(hot_cfg *c, cli_opt o[HOT_N_OPTS])
       {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "seed of tokens and KV (default 1)"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one, removed)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -760,7 +769,7 @@ static int hot_lookup_store(hot_run *r, const char *dir, kvt_engine **e, kvt_ns_
   char path[PATH_MAX];
   if (snprintf(path, sizeof path, "%s/lookup-metadata-only", dir) >= (int)sizeof path)
     return hot_fail("lookup store path", -ENAMETOOLONG);
-  int rc = bench_open(path, (uint64_t)LOOKUP_BLOCKS * B_TBLOCK_BYTES * 2, 0,
+  int rc = bench_open(path, NULL, (uint64_t)LOOKUP_BLOCKS * B_TBLOCK_BYTES * 2, 0,
                       KVT_OPEN_METADATA_ONLY, 0, e, ns);
   if (rc != 0) return hot_fail("opening a metadata-only store for the lookup test", rc);
   prng p;
@@ -815,6 +824,8 @@ static void hot_report(hot_run *r)
   sort_f64(r->lookup_us, r->cfg.lookups);
   double p50 = percentile_sorted(r->lookup_us, r->cfg.lookups, 50);
   double p99 = percentile_sorted(r->lookup_us, r->cfg.lookups, 99);
+  kvt_remote_stats rs;
+  cli_remote_get(r->e, &rs);
   if (r->cfg.json) {
     json_w j;
     json_begin(&j, stdout);
@@ -841,6 +852,7 @@ static void hot_report(hot_run *r)
     json_str(&j, "lookup_store", "metadata-only");
     json_f64(&j, "lookup_p50_us", p50);
     json_f64(&j, "lookup_p99_us", p99);
+    cli_remote_json(&j, &rs);
     json_end(&j);
     return;
   }
@@ -858,6 +870,7 @@ static void hot_report(hot_run *r)
          r->memcpy_gbps[0], r->memcpy_gbps[n - 1]);
   printf("  lookup  of a %u-token context, all hits: p50 %.1f us, p99 %.1f us (%" PRIu64
          " lookups, metadata-only store)\n", LOOKUP_TOKENS, p50, p99, r->cfg.lookups);
+  cli_remote_print(&rs);
 }
 
 static int hot_main(hot_run *r, const char *dir)
@@ -867,7 +880,7 @@ static int hot_main(hot_run *r, const char *dir)
   if (rc != CLI_OK) return rc;
   /* The gathered context plus one round of puts; the next round evicts. */
   uint64_t ws = 2 * r->half;
-  rc = bench_open(dir, 2 * ws + ws / 8, 0, 0, 0, &r->e, &r->ns);
+  rc = bench_open(dir, r->cfg.remote, 2 * ws + ws / 8, 0, 0, 0, &r->e, &r->ns);
   if (rc != 0) return hot_fail("opening the store", rc);
   rc = hot_warmup(r);
   if (rc == CLI_OK) rc = hot_rounds(r);
@@ -925,6 +938,10 @@ void bench_usage(FILE *f)
              "       kvtier bench refmodel --model M [options]\n\n"
              "All use the Llama-3-8B KV shape: %u layers, %u KV heads, head_dim %u, f16,\n"
              "%u tokens per block.\n\n"
+             "share, hot, refmodel and policy take --remote URL: their engines then have\n"
+             "the remote tier (blocks written through to the cluster), and the remote\n"
+             "counters are printed with the figures (docs/remote.md); bench cold and bench\n"
+             "codec refuse it (they measure the local cold tier and the codecs).\n\n"
              "bench share: N agents with the same context. Reports what the engine holds\n"
              "(its own byte accounting, kvt_stats total_bytes), what N private copies would\n"
              "take, and reduction = 1 - held / private (at most 1 - 1/N). With --codec every\n"

@@ -192,7 +192,7 @@ static void human_report(const codec_run *r)
 
 /* ---- command ------------------------------------------------------------------------- */
 
-#define CODEC_N_OPTS 8
+#define CODEC_N_OPTS 9
 
 static void codec_opts(codec_cfg *c, cli_opt o[CODEC_N_OPTS])
 {
@@ -209,6 +209,7 @@ static void codec_opts(codec_cfg *c, cli_opt o[CODEC_N_OPTS])
       {"--seed", "S", CLI_U64, &c->seed, 0, UINT64_MAX, "seed of KV and queries (default 1)"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one, removed)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -270,6 +271,13 @@ int bench_codec(int argc, char **argv)
   int rc = cli_parse("bench codec", argc, argv, opts, CODEC_N_OPTS, &want_help);
   if (want_help) bench_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
+  if (cfg.remote) { /* its engines register one model id with 1 and with 32 layers */
+    fprintf(stderr, "kvtier bench codec: --remote: bench codec measures the codecs in RAM and "
+                    "its engines register one model id with two shapes, which a cluster's "
+                    "shared namespaces refuse; 'kvtier bench remote --url URL' measures the "
+                    "remote tier (docs/remote.md)\n");
+    return CLI_USAGE;
+  }
   codec_run *r = calloc(1, sizeof *r);
   if (r == NULL) return codec_fail("allocating state", -ENOMEM);
   r->cfg = cfg;

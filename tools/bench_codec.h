@@ -57,6 +57,7 @@ typedef struct codec_cfg {
   uint64_t mib, rounds, tokens, attend_tokens, seed;
   const char *codec; /* pair of the attend timing */
   const char *dir;
+  const char *remote; /* --remote URL: refused (bench_codec.c) */
   int json;
 } codec_cfg;
 

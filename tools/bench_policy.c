@@ -25,7 +25,7 @@
 #define BP_SCORERS_MAX 32u
 
 typedef struct bp_cfg {
-  const char *model, *dir, *budget_s, *predictor;
+  const char *model, *dir, *budget_s, *predictor, *remote;
   uint64_t tokens, block_tokens, rounds;
   int json;
 } bp_cfg;
@@ -57,7 +57,7 @@ typedef struct bp_scorer {
   int skipped;              /* the scorer needs input a bench cannot give */
 } bp_scorer;
 
-#define BP_N_OPTS 8
+#define BP_N_OPTS 9
 
 static void bp_opts(bp_cfg *c, cli_opt o[BP_N_OPTS]) {
   const cli_opt opts[BP_N_OPTS] = {
@@ -72,6 +72,7 @@ static void bp_opts(bp_cfg *c, cli_opt o[BP_N_OPTS]) {
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
       {"--predictor", "P", CLI_STR, &c->predictor, 0, 0,
        "a predictor (kvtier train) for the shape: times \"learned\" too (else skipped)"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -286,7 +287,7 @@ static int bp_setup(bp_run *r, const char *dir) {
   o.tier_bytes_limit[KVT_TIER_HOT] = 1024u << 20;
   o.tier_bytes_limit[KVT_TIER_WARM] = 256u << 20; /* the three-tier rows' warm share */
   if (o.max_seq_blocks < r->n_blocks + 1) o.max_seq_blocks = r->n_blocks + 1;
-  int rc = cli_engine_open(dir, &o, &r->e);
+  int rc = cli_engine_open_remote(dir, &o, r->cfg.remote, &r->e);
   kvt_ns_desc d = {.model_id = "kvtier-bench/policy", .weights_fingerprint = "random-kv",
                    .rope_theta = 10000.0, .tp_size = 1, .shape = r->sh};
   if (!rc) rc = kvt_ns_register(r->e, &d, &r->ns);
@@ -402,6 +403,9 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
     json_f64(&j, "policy_vs_plain_attention", worst_plain);
     json_f64(&j, "slowest_step_vs_plain_attention", worst_max);
     json_f64(&j, "tiers_vs_attention", tiers);
+    kvt_remote_stats rs;
+    cli_remote_get(r->e, &rs);
+    cli_remote_json(&j, &rs);
     json_end(&j);
   } else {
     printf("\npolicy_vs_attention %.4f (the slowest scorer's median step over one step's "
@@ -409,6 +413,9 @@ static void bp_print(bp_run *r, bp_scorer *sc, uint32_t n_sc, double attn_ns, do
            "array's\n", worst, worst_plain, worst_max);
     printf("tiers_vs_attention %.4f (snapkv with half of each budget warm: demotions, "
            "dequantizing promotions and evictions of a step)\n", tiers);
+    kvt_remote_stats rs;
+    cli_remote_get(r->e, &rs);
+    cli_remote_print(&rs);
   }
 }
 

@@ -16,12 +16,12 @@
 #include "util.h"
 
 typedef struct brm_cfg {
-  const char *model, *dir;
+  const char *model, *dir, *remote;
   uint64_t tokens, rounds;
   int json;
 } brm_cfg;
 
-#define BRM_N_OPTS 5
+#define BRM_N_OPTS 6
 
 static void brm_opts(brm_cfg *c, cli_opt o[BRM_N_OPTS]) {
   const cli_opt opts[BRM_N_OPTS] = {
@@ -31,6 +31,7 @@ static void brm_opts(brm_cfg *c, cli_opt o[BRM_N_OPTS]) {
       {"--rounds", "R", CLI_U64, &c->rounds, 1, 1000, "rounds of each (default 7)"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "store directory (default: a scratch one)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -72,7 +73,7 @@ static int brm_main(const brm_cfg *c, const rm_model *m, const char *dir) {
   o.tier_bytes_limit[KVT_TIER_HOT] = 256u << 20;
   kvt_engine *e;
   kvt_ns_id ns;
-  int rc = cli_engine_open(dir, &o, &e);
+  int rc = cli_engine_open_remote(dir, &o, c->remote, &e);
   if (rc) return cli_lib_error("bench refmodel", "opening the engine", rc);
   if ((rc = rm_ns_register(e, m, REF_BLOCK_TOKENS, &ns))) {
     kvt_engine_close(e);
@@ -99,6 +100,8 @@ static int brm_main(const brm_cfg *c, const rm_model *m, const char *dir) {
   progress_end();
   kvt_stats st;
   kvt_stats_get(e, &st);
+  kvt_remote_stats rs;
+  cli_remote_get(e, &rs);
   kvt_engine_close(e);
   free(tok);
   if (rc) {
@@ -118,6 +121,7 @@ static int brm_main(const brm_cfg *c, const rm_model *m, const char *dir) {
     json_f64(&j, "kvtier_vs_plain", vs);
     json_f64(&j, "kvtier_vs_plain_ratio_of_medians", kvt / plain);
     json_u64(&j, "attends", st.attends);
+    cli_remote_json(&j, &rs);
     json_end(&j);
     return CLI_OK;
   }
@@ -127,6 +131,7 @@ static int brm_main(const brm_cfg *c, const rm_model *m, const char *dir) {
   printf("  kvtier cache       %10.0f steps/s\n", kvt);
   printf("  kvtier_vs_plain    %10.2f  (median of per-round ratios; ratio of medians %.2f)\n", vs,
          kvt / plain);
+  cli_remote_print(&rs);
   return CLI_OK;
 }
 

@@ -78,8 +78,7 @@ static void demo_opts(demo_cfg *cfg, cli_opt opts[DEMO_N_OPTS])
       {"--agents", "N", CLI_U64, &cfg->agents, 1, DEMO_AGENTS_MAX, "agents, 1 to 32 (default 8)"},
       {"--seed", "S", CLI_U64, &cfg->seed, 0, UINT64_MAX, "seed of tokens and KV (default 1)"},
       {"--json", NULL, CLI_FLAG, &cfg->json, 0, 0, "print the figures as one JSON object"},
-      {"--remote", "URL", CLI_STR, &cfg->remote, 0, 0,
-       "share blocks through a Redis Cluster too (docs/remote.md)"},
+      CLI_OPT_REMOTE(&cfg->remote),
   };
   memcpy(opts, o, sizeof o);
 }

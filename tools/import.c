@@ -25,11 +25,12 @@
 
 typedef struct import_cfg {
   const char *kv, *tokens, *dir, *model, *model_id, *fingerprint, *rope_theta, *rope_scaling;
+  const char *remote;
   uint64_t rope_dims, tp_rank, tp_size, block_tokens;
   int json;
 } import_cfg;
 
-#define IMPORT_N_OPTS 13
+#define IMPORT_N_OPTS 14
 
 static void import_opts(import_cfg *c, cli_opt o[IMPORT_N_OPTS]) {
   const cli_opt opts[IMPORT_N_OPTS] = {
@@ -55,6 +56,7 @@ static void import_opts(import_cfg *c, cli_opt o[IMPORT_N_OPTS]) {
        "a llama2.c checkpoint: its namespace as kvtier warm names it, instead of the options "
        "above (f32, 16-token blocks)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, opts, sizeof opts);
 }
@@ -66,7 +68,7 @@ void import_usage(FILE *f) {
   fprintf(f,
           "usage: kvtier import --kv FILE.safetensors --tokens FILE --dir D\n"
           "                     (--model-id ID --fingerprint F [namespace options] | --model M)\n"
-          "                     [--json]\n\n"
+          "                     [--remote URL] [--json]\n\n"
           "Stores KV computed by any engine: the K and V tensors of every layer in a\n"
           "safetensors file (layers.{i}.k, layers.{i}.v; [tokens, kv_heads, head_dim];\n"
           "f16, bf16 or f32, stored bit for bit in that dtype) and the token ids they are\n"
@@ -74,7 +76,8 @@ void import_usage(FILE *f) {
           "by the options (the one a serving engine registers, so its lookups find them);\n"
           "tokens after the last full block are not stored. Blocks D holds already are\n"
           "not stored again. The file and the tokens are checked whole first: a bad file\n"
-          "stores nothing. docs/import.md says more.\n\noptions:\n");
+          "stores nothing. With --remote the blocks are written through to the\n"
+          "cluster too. docs/import.md says more.\n\noptions:\n");
   cli_print_opts(f, o, IMPORT_N_OPTS);
 }
 
@@ -412,6 +415,7 @@ static int ns_from_model(const import_cfg *c, const import_kv *x, import_ns *n) 
 typedef struct import_totals {
   uint64_t blocks, stored, dedup, written, tail_tokens;
   double seconds;
+  kvt_remote_stats remote; /* size 0: no remote tier */
 } import_totals;
 
 /* Append every full block; put the layers of those not stored yet. */
@@ -454,7 +458,7 @@ static int import_store(const import_cfg *c, const import_kv *x, const uint32_t 
   o.tier_bytes_limit[KVT_TIER_HOT] = 512u << 20;
   o.tier_bytes_limit[KVT_TIER_COLD] = IMPORT_COLD_BYTES;
   kvt_engine *e;
-  int rc = cli_engine_open(c->dir, &o, &e);
+  int rc = cli_engine_open_remote(c->dir, &o, c->remote, &e);
   if (rc) {
     char what[600];
     snprintf(what, sizeof what, "opening the store in '%s'", c->dir);
@@ -473,6 +477,7 @@ static int import_store(const import_cfg *c, const import_kv *x, const uint32_t 
   int sync_rc = rc ? 0 : kvt_sync(e);
   t->seconds = (double)(now_ns() - t0) * 1e-9;
   kvt_stats_get(e, &s1);
+  cli_remote_get(e, &t->remote); /* before close, as kvtier warm */
   kvt_engine_close(e);
   if (rc) return rc;
   if (sync_rc) return cli_lib_error("import", "making the blocks durable (kvt_sync)", sync_rc);
@@ -503,6 +508,7 @@ static void import_report(const import_cfg *c, const import_kv *x, const import_
     json_u64(&j, "blocks_deduplicated", t->dedup);
     json_u64(&j, "tensors_ignored", x->ignored);
     json_f64(&j, "seconds", t->seconds);
+    cli_remote_json(&j, &t->remote);
     json_end(&j);
     return;
   }
@@ -519,6 +525,7 @@ static void import_report(const import_cfg *c, const import_kv *x, const import_
   if (x->ignored)
     printf("  tensors ignored      %10zu  (not named layers.{i}.k or layers.{i}.v)\n", x->ignored);
   printf("  time                 %10.2f s\n", t->seconds);
+  cli_remote_print(&t->remote);
 }
 
 static int import_check_cfg(const import_cfg *c) {

@@ -81,9 +81,7 @@ static void stat_opts(stat_cfg *c, cli_opt o[STAT_N_OPTS])
       {"--prometheus", NULL, CLI_FLAG, &c->prometheus, 0, 0,
        "print the metrics in the Prometheus text format (kvt_metrics_render, "
        "docs/metrics.md)"},
-      {"--remote", "URL", CLI_STR, &c->remote, 0, 0,
-       "with the remote tier on this Redis Cluster (its namespaces, this process's "
-       "remote counters; docs/remote.md)"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -402,7 +400,7 @@ typedef struct fsck_problem {
 } fsck_problem;
 
 typedef struct fsck_run {
-  const char *dir;
+  const char *dir, *remote;
   int repair, json, rebuild;
   uint64_t segment_bytes;
   fsck_problem *list;
@@ -411,7 +409,7 @@ typedef struct fsck_run {
   int alloc_failed;
 } fsck_run;
 
-#define FSCK_N_OPTS 4
+#define FSCK_N_OPTS 5
 
 static void fsck_opts(fsck_run *c, cli_opt o[FSCK_N_OPTS])
 {
@@ -425,6 +423,7 @@ static void fsck_opts(fsck_run *c, cli_opt o[FSCK_N_OPTS])
       {"--segment-bytes", "N", CLI_U64, &c->segment_bytes, 1u << 20, 1ull << 40,
        "with --rebuild-index: the store's segment size, when the old index cannot say "
        "(default: the largest segment file, rounded up to a MiB)"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, t, sizeof t);
 }
@@ -448,6 +447,9 @@ void fsck_usage(FILE *f)
              "goes back in, the newest segment generation winning; namespaces come from\n"
              "DIR/namespaces/ and from the old index where it still reads. Exit status 0\n"
              "when no damaged record was found, 1 when some were left out, 2 could not run.\n"
+             "\n--remote is refused: fsck checks the files of DIR only; the remote tier's\n"
+             "values are checked on every load instead (a bad one is a miss, counted and\n"
+             "deleted; docs/remote.md).\n"
              "\noptions:\n");
   cli_print_opts(f, o, FSCK_N_OPTS);
 }
@@ -604,6 +606,12 @@ int cmd_fsck(int argc, char **argv)
   if (r.rebuild && r.repair) {
     fprintf(stderr, "kvtier fsck: --rebuild-index and --repair do not go together (a rebuilt "
                     "index holds only intact records)\n");
+    return CLI_USAGE;
+  }
+  if (r.remote) {
+    fprintf(stderr, "kvtier fsck: --remote: fsck checks the local files of DIR only, not the "
+                    "remote tier (its values are checked on every load: a bad one is a miss, "
+                    "counted and deleted; docs/remote.md)\n");
     return CLI_USAGE;
   }
   if (r.segment_bytes && !r.rebuild) {

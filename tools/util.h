@@ -50,6 +50,13 @@ int cli_lib_error(const char *cmd, const char *what, int rc);
  * cli_lib_error() with the same code prints it on a second line. */
 int cli_engine_open(const char *dir, const kvt_options *opt, kvt_engine **out);
 
+/* The --remote option, one table entry shared by every command that opens a
+ * store, so that its name and help text are the same everywhere. */
+#define CLI_REMOTE_HELP                                                              \
+  "the remote tier on a Redis Cluster: redis://[user[:pw]@]host:port[,...] "         \
+  "(password also from KVTIER_REDIS_PASSWORD; docs/remote.md)"
+#define CLI_OPT_REMOTE(out) {"--remote", "URL", CLI_STR, (out), 0, 0, CLI_REMOTE_HELP}
+
 /* The same with a remote tier (--remote URL; NULL: none). remote_cli.c. */
 int cli_engine_open_remote(const char *dir, const kvt_options *opt, const char *url,
                            kvt_engine **out);

@@ -37,9 +37,7 @@ static void warm_opts(warm_cfg *c, cli_opt o[WARM_N_OPTS]) {
       {"--prompts", "FILE", CLI_STR, &c->prompts, 0, 0, "text prompts, one a line"},
       {"--dir", "D", CLI_STR, &c->dir, 0, 0, "the store (required; created when missing)"},
       {"--json", NULL, CLI_FLAG, &c->json, 0, 0, "print the figures as one JSON object"},
-      {"--remote", "URL", CLI_STR, &c->remote, 0, 0,
-       "also write through to a Redis Cluster: redis://[user[:pw]@]host:port[,...] "
-       "(password also from KVTIER_REDIS_PASSWORD; docs/remote.md)"},
+      CLI_OPT_REMOTE(&c->remote),
   };
   memcpy(o, opts, sizeof opts);
 }
