@@ -414,7 +414,8 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   /* CHAIN_LEAF: no probation. LEARNED keeps it: whether a block is the
    * request's last is not known when it is written, only after. */
   e->tail = ev->policy == KVT_EVICT_CHAIN || ev->policy == KVT_EVICT_LEARNED;
-  if (learned(ev) && !kvt_reuse_recall(ev->model, key, e->rb)) {
+  int known = learned(ev) && kvt_reuse_recall(ev->model, key, e->rb);
+  if (learned(ev) && !known) {
     const kvt_reuse_blk *ph = e->has_parent ? parent_hist(ev, &e->parent) : NULL;
     kvt_reuse_blk_init(e->rb, ph ? ph->depth + 1 : 0, ph ? ph->ns : 0, ph);
   }
@@ -422,7 +423,7 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   if (learned(ev) && e->rb->staged) { /* its access was counted by kvt_evict_admit */
     e->rb->staged = 0;
   } else if (learned(ev) && ev->loading) { /* stored before: not accessed now */
-    e->rb->last = kvt_reuse_now(ev->model);
+    if (!known) e->rb->last = kvt_reuse_now(ev->model); /* a put-back keeps its age */
   } else if (learned(ev)) {
     learned_access(ev, e);
   }
