@@ -108,13 +108,17 @@ static int rb_get(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, const uint32
   return rc;
 }
 
-/* redis-benchmark's requests per second for test (set, get), or 0. */
+/* redis-benchmark's requests per second for test (set, get), or 0. Its
+ * SETs go to random keys (-r), new ones as the tier's SET NX are, not
+ * over one key; its GETs read the key each node holds (random keys would
+ * mostly miss and measure nil replies). */
 static double rb_baseline(const char *host, int port, const char *test, uint64_t bytes,
                           uint64_t n, uint32_t depth, uint32_t clients) {
   char cmd[512], line[512];
   snprintf(cmd, sizeof cmd,
            "redis-benchmark -h %s -p %d --cluster -t %s -d %" PRIu64 " -n %" PRIu64
-           " -P %u -c %u --csv 2>/dev/null", host, port, test, bytes, n, depth, clients);
+           " -P %u -c %u%s --csv 2>/dev/null", host, port, test, bytes, n, depth, clients,
+           strcmp(test, "set") == 0 ? " -r 1000000000" : "");
   FILE *p = popen(cmd, "r");
   double rps = 0;
   while (p && fgets(line, sizeof line, p)) {
@@ -207,7 +211,8 @@ static int rb_size(const rb_cfg *c, int si, rb_result *r) {
   int port = 0, base = rb_seed(c->url, host, sizeof host, &port);
   if (base) { /* the writer: one connection per master, the batch spread over them */
     r->set_clients = rb_masters(host, port);
-    r->set_client_depth = (r->set_depth + r->set_clients - 1) / r->set_clients;
+    /* never more in flight than the writer's batch: the floor, at least 1 */
+    r->set_client_depth = r->set_depth / r->set_clients ? r->set_depth / r->set_clients : 1;
   }
   for (uint64_t round = 0; !rc && round < c->rounds; round++) {
     double set_s = 0, get_s = 0;
