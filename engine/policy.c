@@ -700,7 +700,7 @@ int kvt_seq_hint(kvt_seq *s, uint32_t layer, const float *score, size_t n_blocks
  * the row norms in row order, as one row at a time would: the same bits.
  * Rows are converted in groups of four and summed side by side, so the
  * four sums' additions overlap instead of waiting on each other. */
-static float key_norm_of(const kvt_kv *kv) {
+float kvt_policy_key_norm(const kvt_kv *kv) {
   size_t rows = (size_t)kv->n_tokens * kv->n_heads, hd = kv->head_dim;
   size_t elt = kv->dtype == KVT_F32 ? 4 : 2;
   float buf[4 * KVT_MAX_HEAD_DIM];
@@ -739,7 +739,7 @@ static float key_norm_of(const kvt_kv *kv) {
 void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   kvt_bstate *bs = &s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer];
   bs->left = 0;
-  if (kv->k) bs->key_norm = key_norm_of(kv);
+  if (kv->k) bs->key_norm = kvt_policy_key_norm(kv);
 }
 
 /* ---- per-namespace profiles and predictors ------------------------------------ */

@@ -104,6 +104,10 @@ void kvt_profile_free(kvt_profile *p);
 /* 1 when the profile names warm shares (version 2), 0 when out's warm
  * shares are 0 and left to the caller (version 1). */
 int kvt_profile_layers(const kvt_profile *p, double budget, kvt_lpol *out, uint32_t n_layers);
+/* The mean L2 norm of kv's key rows (n_tokens x n_heads rows of head_dim;
+ * kv->k set), in double as one row after another would sum it: the
+ * learned predictor's key_norm feature of a put block. */
+float kvt_policy_key_norm(const kvt_kv *kv);
 int kvt_predictor_read(struct kvt_engine *e, const char *path, const kvt_shape *sh,
                        kvt_predictor **out);
 void kvt_predictor_free(kvt_predictor *p);
