@@ -272,7 +272,11 @@ typedef struct kvt_options {
   uint32_t cold_admit;            /**< KVT_ADMIT_ALL, or KVT_ADMIT_PROMPT: only token blocks
                                        appended as prompt (see kvt_seq_output()) */
   uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all);
-                                       both rules must say yes */
+                                       both rules must say yes, and with cold_evict
+                                       KVT_EVICT_LEARNED (the default) a full tier may
+                                       also decline a block its model predicts unused:
+                                       it is not written, kvt_sync() still returns 0 and
+                                       kvt_seq_durable() stops before it */
   uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16, only
                                        while writing keeps up (0: off; on f16 KV it saves
                                        ~4-12% of the disk, and reads decode slower) */
@@ -535,7 +539,8 @@ int kvt_engine_open_info(const char *dir, const kvt_options *opt, kvt_engine **o
 void kvt_engine_close(kvt_engine *e);
 
 /** Wait until every token block completed so far (all layers put) and
- * admitted to the cold tier is durable: written, fdatasync'ed and indexed.
+ * admitted to the cold tier (cold_admit, cold_admit_min_seen and,
+ * with KVT_EVICT_LEARNED on a full tier, the model: kvt_options) is durable: written, fdatasync'ed and indexed.
  * Without a cold tier there is nothing to make durable: returns 0.
  * Durable means it survives a power loss, not only a crash of the process:
  * once this returns 0, those blocks load back bit-exact after a power cut
