@@ -693,8 +693,6 @@ int kvt_seq_hint(kvt_seq *s, uint32_t layer, const float *score, size_t n_blocks
   return 0;
 }
 
-/* A put of (s, block, layer) just succeeded: the block is retained again
- * with fresh state (its key norm from k). Without the lock. */
 /* The mean L2 norm of a block's key rows (the learned predictor's key_norm
  * feature). Each row's squares are summed in channel order in double and
  * the row norms in row order, as one row at a time would: the same bits.
@@ -736,6 +734,8 @@ float kvt_policy_key_norm(const kvt_kv *kv) {
   return rows ? (float)(sum / (double)rows) : 0;
 }
 
+/* A put of (s, block, layer) just succeeded: the block is retained again
+ * with fresh state (its key norm from k). Without the lock. */
 void kvt_policy_on_put(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_kv *kv) {
   kvt_bstate *bs = &s->bs[(size_t)block * s->ns->desc.shape.n_layers + layer];
   bs->left = 0;
