@@ -14,6 +14,7 @@
 
 #include "base/key.h"
 #include "tiers/remote.h"
+#include "tiers/remote_known.h"
 #include "tiers/store_impl.h"
 
 #define COPY_BYTES (64u << 20) /* remote hits waiting for the local tier, at most */
@@ -36,6 +37,7 @@ typedef struct rstore {
   size_t n_cp;
   uint64_t cp_bytes;
   uint64_t copies; /* atomic: copies handed to the local tier */
+  kvt_known known; /* blocks a lookup found in the cluster, for the appends after it */
 } rstore;
 
 /* ---------- copies of remote hits into the local tier ---------- */
@@ -121,6 +123,7 @@ static void rs_close(void *impl) {
   kvt_store_close(s->local); /* drains first */
   for (size_t i = 0; i < s->n_cp; i++) kvt_mem_free(s->mem, KVT_MEM_OTHER, s->cp[i].val, s->cp[i].len);
   kvt_remote_close(s->r);    /* writes what is queued, each batch within the deadline */
+  kvt_known_close(&s->known);
   pthread_mutex_destroy(&s->cp_lock);
   kvt_mem_free(s->mem, KVT_MEM_OTHER, s, sizeof *s);
 }
@@ -242,16 +245,28 @@ static int rs_drain(void *impl) {
   return kvt_store_drain(s->local);
 }
 
+/* The engine asks find as a block enters its index (kvt_seq_append, under
+ * the engine lock): stored means durable, loaded rather than put. The
+ * cluster is not asked: a round trip per appended block, queued on a
+ * node behind the writer's SETs, was most of the time of a put of new
+ * blocks, and a new block asked about is not there. A block a lookup
+ * (prefix) of this process just found in the cluster is answered from
+ * what that lookup learned (the lookup-then-append of a reused prefix);
+ * any other is not stored as far as the engine is concerned: it is put
+ * and written again, and its SET NX finds it there (write_exists). */
 static int rs_find(void *impl, const kvt_key *key) {
   rstore *s = impl;
   if (s->local && kvt_store_find(s->local, key) == 0) return 0;
-  return kvt_remote_prefix(s->r, key, 1) == 1 ? 0 : KVT_ENOTFOUND;
+  return kvt_known_take(&s->known, key) ? 0 : KVT_ENOTFOUND;
 }
 
 static size_t rs_prefix(void *impl, const kvt_key *keys, size_t n) {
   rstore *s = impl;
   size_t c = s->local ? kvt_store_prefix(s->local, keys, n) : 0;
-  return c < n ? c + kvt_remote_prefix(s->r, keys + c, n - c) : c;
+  if (c == n) return c;
+  size_t r = kvt_remote_prefix(s->r, keys + c, n - c);
+  kvt_known_add(&s->known, keys + c, r);
+  return c + r;
 }
 
 static int rs_read_layer(void *impl, const kvt_key *key, uint32_t layer, void *k_out,
@@ -261,7 +276,10 @@ static int rs_read_layer(void *impl, const kvt_key *key, uint32_t layer, void *k
                     : KVT_ENOTFOUND;
   if (rc == 0) return 0;
   int rrc = kvt_remote_read_layer(s->r, key, layer, k_out, v_out, each);
-  if (rrc) return rc == KVT_ECORRUPT ? rc : KVT_ENOTFOUND;
+  if (rrc) {
+    kvt_known_forget(&s->known, key, 1); /* gone, or bad and deleted */
+    return rc == KVT_ECORRUPT ? rc : KVT_ENOTFOUND;
+  }
   copy_queue(s, key);
   return 0;
 }
@@ -329,7 +347,10 @@ static void rs_read_remote(rstore *s, kvt_store_read *reqs, size_t n) {
   if (m) kvt_remote_get_many(s->r, keys, m, remote_got, &rr);
   kvt_mem_free(s->mem, KVT_MEM_OTHER, keys, n * sizeof *keys);
   for (size_t i = 0; i < n; i++)
-    if (reqs[i].status == LOAD_REMOTE) reqs[i].status = KVT_ENOTFOUND;
+    if (reqs[i].status == LOAD_REMOTE) {
+      reqs[i].status = KVT_ENOTFOUND;
+      kvt_known_forget(&s->known, &reqs[i].key, 1); /* gone, or bad and deleted */
+    }
 }
 
 static int rs_read_submit(void *impl, kvt_store_read *reqs, size_t n, kvt_store_batch **out) {
@@ -368,6 +389,7 @@ static int rs_read_submit(void *impl, kvt_store_read *reqs, size_t n, kvt_store_
 static int rs_remove(void *impl, const kvt_key *key) {
   rstore *s = impl;
   int rc = s->local ? kvt_store_remove(s->local, key) : KVT_ENOTFOUND;
+  kvt_known_forget(&s->known, key, 1);
   int rrc = s->rdonly ? KVT_ENOTFOUND : kvt_remote_remove(s->r, key);
   if (rc != 0 && rc != KVT_ENOTFOUND) return rc; /* a local failure is not hidden by the cluster's */
   return rc == 0 || rrc == 0 ? 0 : rc;
@@ -411,6 +433,7 @@ static int rs_drop(void *impl, const kvt_key *seed, const kvt_key *root, uint32_
   keyvec v = {.mem = s->mem};
   keys_add(&v, root, 1);
   int rc = s->local ? kvt_store_drop_each(s->local, seed, root, root_pos, dropped, keys_add, &v) : 0;
+  if (v.k) kvt_known_forget(&s->known, v.k, v.n);
   uint64_t gone = v.n ? kvt_remote_remove_many(s->r, v.k, v.n) : 0;
   if (!s->local && dropped) *dropped += gone;
   kvt_mem_free(s->mem, KVT_MEM_OTHER, v.k, v.cap * sizeof *v.k);
@@ -420,6 +443,7 @@ static int rs_drop(void *impl, const kvt_key *seed, const kvt_key *root, uint32_
 static uint64_t rs_drop_also(void *impl, const kvt_key *keys, size_t n) {
   rstore *s = impl;
   if (s->local || s->rdonly) return 0; /* the local drop names them (drop_each) */
+  kvt_known_forget(&s->known, keys, n);
   return kvt_remote_remove_many(s->r, keys, n);
 }
 
@@ -461,9 +485,10 @@ static int rs_open(kvt_mem *m, const kvt_store_config *cfg, void **impl) {
   if (!s) return -ENOMEM;
   *s = (rstore){.mem = m, .rdonly = cfg->rdonly};
   pthread_mutex_init(&s->cp_lock, NULL);
+  int krc = kvt_known_open(&s->known, m);
   kvt_store_config lc = *cfg;
   lc.remote_url = NULL;
-  int rc = kvt_store_open(m, &lc, &s->local); /* the local tier, or none */
+  int rc = krc ? krc : kvt_store_open(m, &lc, &s->local); /* the local tier, or none */
   if (!rc && s->local && (kvt_store_caps(s->local) & KVT_STORE_INLINE)) rc = KVT_EOPTION;
   kvt_remote_cfg rcfg = {.url = cfg->remote_url, .password = cfg->remote_password,
                          .deadline_ms = cfg->remote_deadline_ms,
@@ -471,6 +496,7 @@ static int rs_open(kvt_mem *m, const kvt_store_config *cfg, void **impl) {
   if (!rc) rc = kvt_remote_open(m, &rcfg, &s->r, cfg->remote_err, cfg->remote_err_len);
   if (rc) {
     kvt_store_close(s->local);
+    kvt_known_close(&s->known);
     pthread_mutex_destroy(&s->cp_lock);
     kvt_mem_free(m, KVT_MEM_OTHER, s, sizeof *s);
     return rc;
