@@ -37,6 +37,7 @@ void kvt_options_init(kvt_options *opt) {
    * the engine does (docs/capacity-planning.md); CHAIN and LRU stay
    * selectable. */
   opt->cold_evict = KVT_EVICT_LEARNED;
+  opt->hot_evict = KVT_EVICT_LEARNED; /* the same order for the hot tier's idle blocks */
   /* Estimates for kvt_lookup(), from MEASURED.md: memcpy ~5 GB/s, warm
    * decode ~2 GB/s, cold O_DIRECT reads ~1 GB/s plus ~80 us latency. */
   const double gbps[KVT_N_TIERS] = {0, 5.0, 2.0, 1.0};
@@ -85,6 +86,8 @@ static int options_check(const kvt_options *o, kvt_error_info *info) {
     return OPT_BAD("cold_admit", "KVT_ADMIT_ALL or KVT_ADMIT_PROMPT", "%u", o->cold_admit);
   if (o->cold_evict > KVT_EVICT_LEARNED)
     return OPT_BAD("cold_evict", "a KVT_EVICT_*", "%u", o->cold_evict);
+  if (o->hot_evict > KVT_EVICT_LEARNED)
+    return OPT_BAD("hot_evict", "a KVT_EVICT_*", "%u", o->hot_evict);
   /* a metadata-only cold tier has no segments or index map */
   if (o->tier_bytes_limit[KVT_TIER_COLD] && !(o->flags & KVT_OPEN_METADATA_ONLY)) {
     if (o->cold_segment_bytes < (1u << 20) || o->cold_segment_bytes % 4096)
@@ -249,6 +252,7 @@ static int engine_open(const char *dir, const kvt_options *opt, const kvt_remote
   if (dir) rc = kvt_store_lock(dir, !(o.flags & KVT_OPEN_NOCREATE), kvt_rdonly(e), &e->lock_fd);
   if (rc) dir_error(dir, rc, info);
   if (!rc) rc = cold_limit_check(e, dir, info);
+  if (!rc) rc = kvt_hot_order_open(e);
   if (!rc) rc = store_open(e, dir, ro, info);
   if (!rc) rc = kvt_flush_start(e);
   if (!rc && e->store) rc = kvt_ns_load(e);
@@ -260,6 +264,7 @@ static int engine_open(const char *dir, const kvt_options *opt, const kvt_remote
     kvt_flush_stop(e);
     for (uint32_t i = 0; i < e->n_ns; i++)
       if (e->ns[i]) kvt_nsrec_free(e, e->ns[i]);
+    kvt_hot_order_close(e);
     pthread_mutex_unlock(&e->lock);
     kvt_store_unlock(e->lock_fd);
     pthread_mutex_destroy(&e->lock);
@@ -295,6 +300,7 @@ void kvt_engine_close(kvt_engine *e) {
   while (e->seqs.next != &e->seqs) kvt_seq_free_locked(e->seqs.next);
   for (size_t i = 0; i < e->n_buckets; i++)
     while (e->buckets[i]) kvt_drop_tblk(e, e->buckets[i]);
+  kvt_hot_order_close(e); /* no token block is indexed now */
   for (uint32_t i = 0; i < e->n_ns; i++)
     if (e->ns[i]) kvt_nsrec_free(e, e->ns[i]);
   assert(e->n_tblks == 0 && e->tier[KVT_TIER_HOT].bytes_used == 0);

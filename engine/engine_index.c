@@ -51,6 +51,7 @@ void kvt_index_insert(kvt_engine *e, kvt_tblk *tb) {
 
 void kvt_index_remove(kvt_engine *e, kvt_tblk *tb) {
   if (!tb->indexed) return;
+  kvt_hot_order_untrack(e, tb); /* its key may be another block's next */
   kvt_tblk **pp = &e->buckets[kvt_key_hash(&tb->key) & (e->n_buckets - 1)];
   while (*pp != tb) pp = &(*pp)->hnext;
   *pp = tb->hnext;

@@ -42,6 +42,7 @@ static int lookup_hit(kvt_engine *e, kvt_tblk *tb, kvt_lookup_entry *ent) {
     if (tier > slowest) slowest = tier;
     us += est_load_us(e, tier, each2);
   }
+  kvt_hot_order_use(e, tb, 1);
   e->tc.hits[slowest]++;
   lookup_entry(ent, &tb->key, slowest, us);
   return 1;

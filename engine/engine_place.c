@@ -90,7 +90,24 @@ void kvt_lblk_unpin(kvt_engine *e, kvt_lblk *b) {
     lblk_destroy(e, b);
 }
 
-/* Without a cold tier: drop unreferenced blocks of t, least recent first,
+/* Drop the hot layers of tb no sequence references or pins (tb stays
+ * while it holds a layer elsewhere or a sequence holds it). */
+static void drop_idle_hot(kvt_engine *e, kvt_tblk *tb) {
+  kvt_tier_state *hot = &e->tier[KVT_TIER_HOT];
+  tb->seq_refs++; /* keep tb while its layers go */
+  for (uint32_t l = 0; l < tb->n_layers; l++) {
+    kvt_lblk *b = tb->layers[l];
+    if (b && b->tier == KVT_TIER_HOT && b->on_lru && b->pins == 0) {
+      hot->evictions++;
+      lblk_destroy(e, b);
+    }
+  }
+  tb->seq_refs--;
+  kvt_tblk_maybe_free(e, tb);
+}
+
+/* Without a cold tier: drop unreferenced blocks of t, least recent first
+ * (the hot tier: in its order, kvt_options.hot_evict),
  * until cost fits, checking first so that a refusal changes nothing.
  * With one: also let durable referenced blocks leave RAM, and wait for the
  * flusher when what pins the tier is waiting to be written. */
@@ -98,6 +115,11 @@ int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
   if (!kvt_store_any(e) && !kvt_tier_can_fit(t, cost)) return KVT_EFULL;
   if (cost > t->bytes_limit) return KVT_EFULL;
   while (t->bytes_used + cost > t->bytes_limit) {
+    kvt_tblk *vt = t->tier == KVT_TIER_HOT ? kvt_hot_order_victim(e) : NULL;
+    if (vt) { /* the hot tier's order (hot_order.c): all its idle layers go */
+      drop_idle_hot(e, vt);
+      continue;
+    }
     kvt_lblk *v = kvt_tier_lru_victim(t);
     if (v) {
       t->evictions++;

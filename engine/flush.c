@@ -58,7 +58,10 @@ static void inline_consider(kvt_engine *e, kvt_tblk *tb) {
                      .pos = tb->pos, .n_layers = tb->n_layers, .dtype = tb->ns->desc.shape.dtype,
                      .bytes_each = (uint32_t)tb->ns->bytes_each};
   uint64_t rec = kvt_store_record_max(e->store, r.n_layers, r.bytes_each);
-  if (!kvt_store_admit(e->store, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) return;
+  if (!kvt_store_admit(e->store, &tb->key, &tb->parent, tb->pos, tb->ns->id, rec)) {
+    e->tc.cold_declined++;
+    return;
+  }
   if (kvt_store_write(e->store, &r, 1, NULL) == 0) {
     tb->cold = 1;
     e->st.cold_written++;
@@ -74,8 +77,10 @@ void kvt_flush_consider(kvt_engine *e, kvt_tblk *tb) {
   if (!kvt_flush_on(e) || tb->cold || tb->queued || !tb->indexed || !all_hot(tb)) return;
   if (!kvt_flush_admissible(e, tb)) return; /* may be admitted on a later append */
   if (!kvt_store_admit(e->store, &tb->key, &tb->parent, tb->pos, tb->ns->id,
-                       kvt_store_record_max(e->store, tb->n_layers, (uint32_t)tb->ns->bytes_each)))
+                       kvt_store_record_max(e->store, tb->n_layers, (uint32_t)tb->ns->bytes_each))) {
+    e->tc.cold_declined++;
     return; /* (KVT_EVICT_LEARNED) not worth a write: let go when idle */
+  }
   for (uint32_t l = 0; l < tb->n_layers; l++) /* the queue relies on every layer's pin */
     if (!tb->layers[l]->held) {
       tb->layers[l]->held = 1;

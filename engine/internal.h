@@ -62,6 +62,9 @@ typedef struct kvt_tblk {
                                  kvt_sync reports it while it is referenced and not
                                  durable */
   struct kvt_tblk *fq_next;   /* flush queue */
+  uint32_t n_hot;             /* layers in the hot tier (hot_order.c) */
+  uint8_t hot_tracked;        /* in the hot tier's eviction order (e->hot_ev) */
+  uint8_t hot_looked;         /* a lookup counted its use since its last append */
   kvt_lblk *layers[];         /* [n_layers] */
 } kvt_tblk;
 
@@ -125,6 +128,8 @@ typedef struct kvt_tier_counts {
                                        was queued while none was (monotonic clock) */
   uint64_t lossy_seqs;              /* sequences whose attention became lossy (lineage.c) */
   uint64_t lossy_puts;              /* puts into blocks keyed under a lineage */
+  uint64_t cold_declined;           /* admissible token blocks the store's admission
+                                       declined to write (kvt_tier_stats.declined) */
 } kvt_tier_counts;
 
 struct kvt_engine {
@@ -162,6 +167,8 @@ struct kvt_engine {
   kvt_tier_counts tc;         /* metrics.c */
   kvt_key lineage_nonce;      /* random per open: lineage ids never repeat (lineage.c) */
   uint64_t lineages;          /* lineage ids handed out */
+  struct kvt_evict *hot_ev;   /* the hot tier's eviction order of idle token blocks
+                                 (opt.hot_evict; NULL: its LRU list; hot_order.c) */
 };
 
 /* Record the detail of a failing call on e for this thread; evaluates to code. */
@@ -256,6 +263,19 @@ int kvt_flush_has_locked(kvt_engine *e, const kvt_key *key); /* engine lock held
  * straight into the cold tier (a descriptor only). With the lock held. */
 int kvt_born_cold(const kvt_engine *e, size_t bytes_each);
 void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
+
+/* hot_order.c: the hot tier's eviction order (kvt_options.hot_evict).
+ * open creates it (0, -ENOMEM) and hooks the hot tier's moves; close
+ * frees it, once no token block is indexed. untrack: tb leaves the index.
+ * use: a lookup (lookup 1) or an append of tb, a use of its hot layers;
+ * a lookup and the append after it count once. victim: the token block
+ * whose idle hot layers go next, or NULL (then the LRU list decides).
+ * All with the lock held. */
+int kvt_hot_order_open(kvt_engine *e);
+void kvt_hot_order_close(kvt_engine *e);
+void kvt_hot_order_untrack(kvt_engine *e, kvt_tblk *tb);
+void kvt_hot_order_use(kvt_engine *e, kvt_tblk *tb, int lookup);
+kvt_tblk *kvt_hot_order_victim(kvt_engine *e);
 
 /* seq.c */
 void kvt_seq_free_locked(kvt_seq *s);

@@ -285,6 +285,7 @@ int kvt_seq_append(kvt_seq *s, const uint32_t *tokens, uint32_t n_tokens, kvt_ap
   tb->prompt |= !s->output;
   tb->seq_refs++;
   s->tb[b] = tb;
+  kvt_hot_order_use(e, tb, 0);
   uint32_t present = 0;
   uint64_t mask[KVT_MAX_LAYERS / 64] = {0};
   for (uint32_t l = 0; l < L; l++) {

@@ -33,6 +33,9 @@ int kvt_stats_tier(kvt_engine *e, uint32_t tier, kvt_tier_stats *st, size_t size
   kvt_tier_stats t = {.tier = tier};
   if (tier == KVT_TIER_COLD) {
     store_counters(e, &t);
+    pthread_mutex_lock(&e->lock);
+    t.declined = e->tc.cold_declined; /* the engine asks, the store answers */
+    pthread_mutex_unlock(&e->lock);
   } else {
     pthread_mutex_lock(&e->lock);
     const kvt_tier_state *ts = &e->tier[tier];

@@ -276,7 +276,9 @@ typedef struct kvt_options {
                                        KVT_EVICT_LEARNED (the default) a full tier may
                                        also decline a block its model predicts unused:
                                        it is not written, kvt_sync() still returns 0 and
-                                       kvt_seq_durable() stops before it */
+                                       kvt_seq_durable() stops before it
+                                       (kvt_tier_stats.declined of the cold tier counts
+                                       these declines) */
   uint32_t cold_compress;         /**< 1: zstd on byte planes where it saves >= 1/16, only
                                        while writing keeps up (0: off; on f16 KV it saves
                                        ~4-12% of the disk, and reads decode slower) */
@@ -285,12 +287,22 @@ typedef struct kvt_options {
   kvt_test_fault test_fault;      /**< testing: I/O faults in the cold tier */
   uint32_t cold_evict;            /**< KVT_EVICT_*: which blocks the cold tier gives up
                                        first when full (KVT_EVICT_LEARNED) */
-  uint32_t pad;
+  uint32_t hot_evict;             /**< KVT_EVICT_*: which token blocks the hot tier gives up
+                                       first when full, among those no sequence references
+                                       (KVT_EVICT_LEARNED: the cold tier's order, with a
+                                       model of its own; KVT_EVICT_LRU: least recently used
+                                       layer blocks, as before). All idle hot layers of the
+                                       chosen token block go together. With a warm tier,
+                                       room in the hot tier is made by demoting the least
+                                       recently used block instead; the order then decides
+                                       only what the warm tier's failure drops. Its model
+                                       (6.5 MiB, fixed at open) is not kept across restarts.
+                                       The field was `pad` (always 0, KVT_EVICT_CHAIN) */
 } kvt_options;
 
-/** Orders in which the cold tier gives up token blocks when it is full
- * (kvt_options.cold_evict). Blocks still referenced by a sequence are
- * never given up. */
+/** Orders in which the cold tier (kvt_options.cold_evict) and the hot
+ * tier (kvt_options.hot_evict) give up token blocks when full. Blocks
+ * still referenced by a sequence are never given up. */
 #define KVT_EVICT_CHAIN 0      /**< tails of prefix chains first (a block is useless
                                     without its prefix): only blocks with no stored
                                     child are candidates; a chain's tail as written
@@ -540,7 +552,9 @@ void kvt_engine_close(kvt_engine *e);
 
 /** Wait until every token block completed so far (all layers put) and
  * admitted to the cold tier (cold_admit, cold_admit_min_seen and,
- * with KVT_EVICT_LEARNED on a full tier, the model: kvt_options) is durable: written, fdatasync'ed and indexed.
+ * with KVT_EVICT_LEARNED on a full tier, the model: kvt_options; its
+ * declines are counted in kvt_tier_stats.declined) is durable: written,
+ * fdatasync'ed and indexed.
  * Without a cold tier there is nothing to make durable: returns 0.
  * Durable means it survives a power loss, not only a crash of the process:
  * once this returns 0, those blocks load back bit-exact after a power cut
@@ -589,6 +603,14 @@ typedef struct kvt_tier_stats {
   uint64_t write_bytes;  /**< a store: bytes written */
   uint64_t checksum_failures; /**< a store: reads refused by a check */
   uint64_t write_failures;    /**< a store: groups it failed to write */
+  uint64_t declined;     /**< a store: token blocks that were complete and admissible
+                              (kvt_options.cold_admit, cold_admit_min_seen) but that the
+                              store's own admission declined to write: with cold_evict
+                              KVT_EVICT_LEARNED, a full tier whose model predicts the
+                              block unused. Each decision counts (a block declined, then
+                              appended again and declined again, counts twice); counted
+                              from this engine's open. 0 for RAM tiers (the hot tier
+                              keeps whatever a sequence put) */
 } kvt_tier_stats;
 
 /** Copy the counters of tier `tier` into *st, at most size bytes of it

@@ -318,6 +318,9 @@ static void model_open(model *m) {
    * from a probe engine so that it holds KEEP blocks and half of one. */
   m->dir = tu_tmpdir();
   tu_opts(&o);
+  /* The model is the LRU list's, layer block by layer block (the learned
+   * order drops a token block's idle layers together: test_hot_order). */
+  o.hot_evict = KVT_EVICT_LRU;
   m->e = tu_open(m->dir, &o);
   m->ns = tu_register(m->e, "limit-model", &m->sh);
   m->salt = tu_salt("limit-model");

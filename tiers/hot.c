@@ -44,10 +44,12 @@ void kvt_tier_account(kvt_tier_state *t, kvt_lblk *b) {
   t->blocks++;
   t->moves++;
   all_push(t, b);
+  if (t->moved) t->moved(t->moved_arg, b, 1);
 }
 
 void kvt_tier_unaccount(kvt_tier_state *t, kvt_lblk *b) {
   assert(b->tier == t->tier && !b->on_lru && t->bytes_used >= b->cost && t->blocks > 0);
+  if (t->moved) t->moved(t->moved_arg, b, 0);
   t->bytes_used -= b->cost;
   t->blocks--;
   t->moves++;

@@ -69,6 +69,12 @@ typedef struct kvt_tier_state {
                                    its own move happened while the lock was dropped */
   kvt_lblk lru;                 /* sentinel: lru.lru_next is the least recent */
   kvt_lblk all;                 /* sentinel of the list of every block */
+  /* Told of every block that enters (in 1) or leaves (in 0) the tier,
+   * after kvt_tier_account / before kvt_tier_unaccount changes it; NULL:
+   * nobody listens. The engine keeps the hot tier's eviction order by it
+   * (engine/hot_order.c): the tier itself knows no policy. */
+  void (*moved)(void *arg, kvt_lblk *b, int in);
+  void *moved_arg;
 } kvt_tier_state;
 
 void kvt_tier_init(kvt_tier_state *t, int tier, const char *name, int mem_cat,

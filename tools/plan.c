@@ -361,6 +361,7 @@ static int sim_open(const plan_setup *p, uint64_t cap_tokens, int policy, sim *s
   o.tier_bytes_limit[KVT_TIER_WARM] = p->warm_bytes;
   o.tier_bytes_limit[KVT_TIER_COLD] = cold_limit(p, cap_tokens);
   o.cold_evict = (uint32_t)policy;
+  o.hot_evict = (uint32_t)policy; /* both tiers in the order under test (LRU: the LRU row) */
   o.cold_admit_min_seen = p->min_seen;
   o.max_seq_blocks = PLAN_MAX_BLOCKS;
   int rc = kvt_engine_open(NULL, &o, &s->e);

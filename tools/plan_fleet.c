@@ -280,6 +280,7 @@ static int node_open(const fleet_setup *s, uint64_t local_cap, node *n)
   o.tier_bytes_limit[KVT_TIER_WARM] = s->warm_bytes;
   o.tier_bytes_limit[KVT_TIER_COLD] = cold_limit(s, local_cap);
   o.cold_evict = (uint32_t)s->policy;
+  o.hot_evict = (uint32_t)s->policy;
   o.max_seq_blocks = PLAN_MAX_BLOCKS;
   int rc = kvt_engine_open(NULL, &o, &n->e);
   if (rc) return cli_lib_error("plan", "opening a metadata-only engine", rc);

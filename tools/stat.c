@@ -164,6 +164,7 @@ typedef struct stat_run {
   uint32_t n_ns;
   seg_files sf;
   uint64_t segment_bytes;
+  kvt_tier_stats cold;       /* the cold tier's own counters (admission declines) */
 } stat_run;
 
 static int stat_collect(stat_run *r)
@@ -184,6 +185,7 @@ static int stat_collect(stat_run *r)
     return cli_lib_error("stat", what, rc);
   }
   rc = kvt_stats_get(r->e, &r->st);
+  if (rc == 0) rc = kvt_stats_tier(r->e, KVT_TIER_COLD, &r->cold, sizeof r->cold);
   if (rc != 0) return cli_lib_error("stat", "reading the counters", rc);
   uint32_t cap = 0;
   for (uint32_t i = 0; i < STAT_NS_MAX; i++) {
@@ -273,6 +275,7 @@ static void stat_json(const stat_run *r)
   json_f64(&j, "live_of_file_bytes",
            r->sf.bytes ? (double)st->tier_bytes[KVT_TIER_COLD] / (double)r->sf.bytes : 0.0);
   json_u64(&j, "checksum_failures", st->cold_checksum_failures);
+  json_u64(&j, "admission_declines", r->cold.declined);
   json_end(&j);
   json_str(&j, "io_backend", st->io_backend);
   json_str(&j, "io_why", st->io_why);
@@ -337,6 +340,8 @@ static void stat_cold_human(const stat_run *r)
            fmt_bytes(b3, sizeof b3, r->sf.largest));
   printf("  checksum failures %" PRIu64 " (reads by this process; 'kvtier fsck' checks every "
          "record)\n", st->cold_checksum_failures);
+  printf("  admission declines %" PRIu64 " (blocks this process's writes did not store: the "
+         "order's model predicted them unused)\n", r->cold.declined);
   printf("  I/O      %s: %s\n", st->io_backend, st->io_why);
 }
 

@@ -48,7 +48,7 @@ class Options(Structure):
                 ("cold_group_bytes", c_uint64), ("cold_index_bytes", c_uint64),
                 ("cold_admit", c_uint32), ("cold_admit_min_seen", c_uint32),
                 ("cold_compress", c_uint32), ("io_backend", c_uint32), ("io_depth", c_uint32),
-                ("test_fault", TestFault), ("cold_evict", c_uint32), ("pad", c_uint32)]
+                ("test_fault", TestFault), ("cold_evict", c_uint32), ("hot_evict", c_uint32)]
 
 
 class ErrorInfo(Structure):
