@@ -280,6 +280,14 @@ void kvt_remote_test_hold(kvt_remote *r, int hold, int *busy, uint64_t *waited) 
   pthread_mutex_unlock(&r->q_lock);
 }
 
+size_t kvt_remote_test_queued(kvt_remote *r) {
+  size_t n = 0;
+  pthread_mutex_lock(&r->q_lock);
+  for (const wjob *j = r->head; j; j = j->next) n++;
+  pthread_mutex_unlock(&r->q_lock);
+  return n;
+}
+
 void kvt_remote_drain(kvt_remote *r) {
   pthread_mutex_lock(&r->q_lock);
   while ((r->head || r->busy) && r->writer_on) pthread_cond_wait(&r->q_cv, &r->q_lock);
