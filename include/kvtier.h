@@ -1413,6 +1413,8 @@ typedef struct kvt_remote_stats {
                                    cluster (EXISTS, its own write, a read) and then
                                    found gone: evicted by maxmemory-policy (or deleted
                                    by another process) */
+  uint64_t write_cancelled;   /**< blocks not written: removed (a prefix drop) while
+                                   their write was queued */
 } kvt_remote_stats;
 
 /** The remote tier's counters into *st (st->size set by the caller;

@@ -3,7 +3,8 @@
  * engine lock let go): the blocks put again end up stored and found after
  * a reopen, diskless and with a local cold tier. The put runs inside the
  * drop's window (the engine's test hook), the remote writer held: no
- * timing. Skips (77) without redis-server. */
+ * timing. Writes cancelled by a drop are counted. Skips (77) without
+ * redis-server. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -125,12 +126,56 @@ static void test_put_during_drop_cold(void **state) {
   put_during_drop(256ull << 20);
 }
 
+/* Writes queued when their blocks are dropped are not sent, and counted
+ * (kvt_remote_stats.write_cancelled): a diskless engine, its remote writer
+ * held while the whole chain waits in its queue; the drop cancels the
+ * writes of the blocks it names (what extends them goes once written,
+ * not being in the index any more). */
+static void test_cancelled_counted(void **state) {
+  (void)state;
+  char model[64];
+  snprintf(model, sizeof model, "redrop-c-%llx", (unsigned long long)tu_rand());
+  window w = {.sh = tu_shape_small(KVT_F16), .salt = tu_salt(model), .diskless = 1};
+  uint32_t tok[NB * 4];
+  for (size_t i = 0; i < NB * 4; i++) tok[i] = (uint32_t)tu_below(50000);
+  char *d = tu_tmpdir();
+  w.e = rfx_open(d, g_url, 0, 20000);
+  w.ns = tu_register(w.e, model, &w.sh);
+  w.r = kvt_store_remote_of(w.e->store);
+  assert_non_null(w.r);
+  kvt_remote_stats rs = {.size = sizeof rs};
+  assert_int_equal(kvt_remote_stats_get(w.e, &rs), 0);
+  assert_int_equal(rs.write_cancelled, 0);
+  kvt_remote_test_hold(w.r, 1, NULL, NULL);
+  rfx_put(w.e, w.ns, &w.sh, w.salt, tok, NB, 0);
+  for (int i = 0; i < 100000 && kvt_remote_test_queued(w.r) < NB; i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  assert_int_equal(kvt_remote_test_queued(w.r), NB);
+  uint64_t dropped = 0;
+  assert_int_equal(kvt_drop_prefix(w.e, w.ns, tok, CUT * 4, &dropped), 0);
+  kvt_remote_test_hold(w.r, 0, NULL, NULL);
+  kvt_remote_drain(w.r);
+  assert_int_equal(kvt_remote_stats_get(w.e, &rs), 0);
+  assert_int_equal(rs.write_cancelled, CUT);
+  assert_int_equal(rs.writes + rs.write_exists, NB - CUT); /* sent, then removed */
+  kvt_key keys[NB];
+  size_t nk = 0;
+  assert_int_equal(kvt_keys(w.e, w.ns, tok, NB * 4, keys, NB, &nk), 0);
+  assert_int_equal(kvt_sync(w.e), 0);
+  assert_int_equal(in_cluster_n(keys, NB), 0);
+  kvt_engine_close(w.e);
+  tu_rmtree(d);
+}
+
 int main(void) {
   rcu_require_redis();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", rcu_base_port(7100));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_put_during_drop_diskless),
       cmocka_unit_test(test_put_during_drop_cold),
+      cmocka_unit_test(test_cancelled_counted),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

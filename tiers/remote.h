@@ -43,6 +43,7 @@ typedef struct kvt_remote_counts {
   uint64_t writes, write_exists, write_dropped, write_failures;
   uint64_t evictions;     /* GETs that found gone a block seen there before (remote.c) */
   uint64_t local_copies;  /* remote hits handed to the local cold tier */
+  uint64_t write_cancelled; /* queued writes of removed blocks, not sent (queue_cancel) */
 } kvt_remote_counts;
 
 typedef struct kvt_remote kvt_remote;
