@@ -542,6 +542,8 @@ void kvt_engine_close(kvt_engine *e);
  * admitted to the cold tier (cold_admit, cold_admit_min_seen and,
  * with KVT_EVICT_LEARNED on a full tier, the model: kvt_options) is durable: written, fdatasync'ed and indexed.
  * Without a cold tier there is nothing to make durable: returns 0.
+ * A kvt_drop_prefix() removing blocks from the store meanwhile is waited
+ * for: blocks put during its removals are written after them.
  * Durable means it survives a power loss, not only a crash of the process:
  * once this returns 0, those blocks load back bit-exact after a power cut
  * at any later moment, unless evicted or dropped since (given a device
@@ -789,7 +791,9 @@ void kvt_key_next(const kvt_key *seed, const kvt_key *prev, const uint32_t *toke
  * block), in every layer. Blocks that share only part of the prefix are
  * not dropped, but lose their chain head, so lookups no longer reach them.
  * Blocks still referenced by sequences stay with those sequences but are
- * no longer found by lookups, loads or dedup.
+ * no longer found by lookups, loads or dedup. The store's removals run
+ * without the engine's lock; blocks of the namespace put meanwhile are
+ * written (or found durable) only after them.
  * @param dropped may be NULL; receives the number of token blocks dropped.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_ECOUNT (fewer than one block);
  *   KVT_ERDONLY. */

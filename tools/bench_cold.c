@@ -989,7 +989,12 @@ int bench_cold(int argc, char **argv)
   int rc = cli_parse("bench cold", argc, argv, o, BC_N_OPTS, &want_help);
   if (want_help) bench_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
-  if (cfg.remote) { /* its checks count the local cold tier's records after kvt_sync */
+  /* Not with a remote tier: bench cold writes the same blocks through a
+   * fresh engine per variant and round; from the second on, each block
+   * is in the cluster when put, so it is durable at once (a put finds it
+   * through the store, remote.md) and never written to the new local
+   * tier: 0 local records after kvt_sync (seen: 64, then 0). */
+  if (cfg.remote) {
     fprintf(stderr, "kvtier bench cold: --remote: bench cold measures the local cold tier "
                     "against raw file I/O and does not run with a remote tier; 'kvtier bench "
                     "remote --url URL' measures that (docs/remote.md)\n");
