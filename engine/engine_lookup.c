@@ -133,6 +133,24 @@ static int descendants(kvt_engine *e, kvt_tblk *last, kvt_tblk ***out, size_t *n
   return 0;
 }
 
+/* A prefix drop's store removals are done, with the lock held: blocks of
+ * its namespace met meanwhile (put again, kvt_flush_consider held them
+ * back) are looked up in the store anew - another writer may have stored
+ * one since - and written if it has not. */
+static void drop_done(kvt_engine *e, kvt_ns_id id) {
+  kvt_nsrec *ns = kvt_ns_find(e, id);
+  e->drops--;
+  pthread_cond_broadcast(&e->flushed); /* kvt_sync waits for drops */
+  if (!ns || --ns->dropping) return;
+  for (size_t i = 0; i < e->n_buckets; i++)
+    for (kvt_tblk *tb = e->buckets[i]; tb; tb = tb->hnext)
+      if (tb->ns == ns && tb->drop_wait) {
+        tb->drop_wait = 0;
+        if (!tb->cold && !tb->queued) tb->cold = (uint8_t)kvt_flush_has_locked(e, &tb->key);
+        kvt_flush_consider(e, tb);
+      }
+}
+
 int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t n_tokens,
                     uint64_t *dropped) {
   if (!e || !tokens) return KVT_ENULL;
@@ -180,13 +198,27 @@ int kvt_drop_prefix(kvt_engine *e, kvt_ns_id id, const uint32_t *tokens, size_t 
       if (kvt_store_any(e) && i + 1 < n) count += kvt_store_remove(e->store, &cur) == 0;
     }
   }
+  /* The store's removals below run unlocked: until they are done, blocks
+   * of the namespace put again are not written nor taken as durable (a
+   * write then could be cancelled, or the block removed, after it was
+   * counted durable: a later miss). */
+  int held = !rc && kvt_store_any(e);
+  kvt_nsrec *ns = held ? kvt_ns_find(e, id) : NULL;
+  if (ns) ns->dropping++;
+  e->drops += held;
   pthread_mutex_unlock(&e->lock);
+  if (held && e->test_drop_window) e->test_drop_window(e->test_drop_arg);
   if (!rc && n_also) count += kvt_store_drop_also(e->store, also, n_also);
   kvt_mem_free(&e->mem, KVT_MEM_OTHER, also, nd * sizeof *also);
   if (!rc && kvt_store_any(e)) { /* the last block and all that extends it, durably */
     uint64_t cold_n = 0;
     rc = kvt_store_drop(e->store, &seed, &cur, (uint32_t)(n - 1), &cold_n);
     count += cold_n;
+  }
+  if (held) {
+    pthread_mutex_lock(&e->lock);
+    drop_done(e, id);
+    pthread_mutex_unlock(&e->lock);
   }
   if (dropped) *dropped = count;
   return rc;

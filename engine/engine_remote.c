@@ -17,7 +17,8 @@ int kvt_remote_stats_get(kvt_engine *e, kvt_remote_stats *st) {
                           .writes = c.writes, .write_exists = c.write_exists,
                           .write_dropped = c.write_dropped, .write_failures = c.write_failures,
                           .local_copies = c.local_copies,
-                          .evictions_noticed = c.evictions};
+                          .evictions_noticed = c.evictions,
+                          .write_cancelled = c.write_cancelled};
   size_t n = st->size < sizeof out ? st->size : sizeof out;
   memcpy(st, &out, n);
   return 0;

@@ -70,6 +70,13 @@ static void inline_consider(kvt_engine *e, kvt_tblk *tb) {
 }
 
 void kvt_flush_consider(kvt_engine *e, kvt_tblk *tb) {
+  if (tb->ns->dropping && tb->indexed && !tb->cold && !tb->queued) {
+    /* A prefix drop is removing blocks from the store (kvt_drop_prefix):
+     * written now, this block could be removed (or its write cancelled)
+     * after it is counted durable. It goes once the drop is done. */
+    tb->drop_wait = 1;
+    return;
+  }
   if (kvt_store_caps(e->store) & KVT_STORE_INLINE) {
     inline_consider(e, tb);
     return;
@@ -426,6 +433,7 @@ int kvt_sync(kvt_engine *e) {
   if (kvt_rdonly(e)) return KVT_ERDONLY;
   if (!kvt_flush_on(e)) return 0;
   pthread_mutex_lock(&e->lock);
+  while (e->drops) pthread_cond_wait(&e->flushed, &e->lock); /* blocks they hold back */
   uint64_t target = e->enqueued;
   while (e->completed < target) pthread_cond_wait(&e->flushed, &e->lock);
   int rc = e->cold_err;

@@ -38,6 +38,9 @@ typedef struct kvt_nsrec {
   uint32_t n_loads;           /* pending load batches */
   kvt_profile *profile;       /* per-layer policies for "auto" (policy.h), or NULL */
   kvt_predictor *pred;        /* the "learned" scorer's model, or NULL */
+  uint32_t dropping;          /* prefix drops removing blocks from the store now,
+                                 the lock let go (kvt_drop_prefix): its blocks
+                                 wait to be written, none is taken as durable */
 } kvt_nsrec;
 
 typedef struct kvt_tblk {
@@ -57,6 +60,8 @@ typedef struct kvt_tblk {
   uint8_t lost;               /* was durable, and its cold record failed a check: a
                                  layer a sequence references but never put is
                                  nowhere now (kvt_seq_away still counts it) */
+  uint8_t drop_wait;          /* met while its namespace was dropping: written
+                                 (or found durable) once the drop is done */
   uint32_t seen;              /* appends of it (admission) */
   int cold_err;               /* why its last way to the cold tier failed (0: none):
                                  kvt_sync reports it while it is referenced and not
@@ -169,6 +174,9 @@ struct kvt_engine {
   uint64_t lineages;          /* lineage ids handed out */
   struct kvt_evict *hot_ev;   /* the hot tier's eviction order of idle token blocks
                                  (opt.hot_evict; NULL: its LRU list; hot_order.c) */
+  uint32_t drops;             /* prefix drops in their store removal (kvt_sync waits) */
+  void (*test_drop_window)(void *); /* tests: called by kvt_drop_prefix between */
+  void *test_drop_arg;              /* its index and its store removals, unlocked */
 };
 
 /* Record the detail of a failing call on e for this thread; evaluates to code. */

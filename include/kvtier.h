@@ -556,6 +556,8 @@ void kvt_engine_close(kvt_engine *e);
  * declines are counted in kvt_tier_stats.declined) is durable: written,
  * fdatasync'ed and indexed.
  * Without a cold tier there is nothing to make durable: returns 0.
+ * A kvt_drop_prefix() removing blocks from the store meanwhile is waited
+ * for: blocks put during its removals are written after them.
  * Durable means it survives a power loss, not only a crash of the process:
  * once this returns 0, those blocks load back bit-exact after a power cut
  * at any later moment, unless evicted or dropped since (given a device
@@ -811,7 +813,9 @@ void kvt_key_next(const kvt_key *seed, const kvt_key *prev, const uint32_t *toke
  * block), in every layer. Blocks that share only part of the prefix are
  * not dropped, but lose their chain head, so lookups no longer reach them.
  * Blocks still referenced by sequences stay with those sequences but are
- * no longer found by lookups, loads or dedup.
+ * no longer found by lookups, loads or dedup. The store's removals run
+ * without the engine's lock; blocks of the namespace put meanwhile are
+ * written (or found durable) only after them.
  * @param dropped may be NULL; receives the number of token blocks dropped.
  * @return 0; KVT_ENULL; KVT_ENOTFOUND; KVT_ECOUNT (fewer than one block);
  *   KVT_ERDONLY. */
@@ -1435,6 +1439,8 @@ typedef struct kvt_remote_stats {
                                    cluster (EXISTS, its own write, a read) and then
                                    found gone: evicted by maxmemory-policy (or deleted
                                    by another process) */
+  uint64_t write_cancelled;   /**< blocks not written: removed (a prefix drop) while
+                                   their write was queued */
 } kvt_remote_stats;
 
 /** The remote tier's counters into *st (st->size set by the caller;

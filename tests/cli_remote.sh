@@ -32,7 +32,7 @@ if kvt_run demo_b 0 demo --dir "$TMP/b" --agents 1 --seed "$SEED" --remote "$URL
 fi
 mkdir -p "$TMP/c"
 if kvt_run stat_c 0 stat "$TMP/c" --remote "$URL" --json; then
-  json stat_c 'assert any(n["model_id"].startswith("kvtier-demo") for n in d["namespaces"].values()), d; assert "remote" in d and d["remote"]["evictions_noticed"] == 0'
+  json stat_c 'assert any(n["model_id"].startswith("kvtier-demo") for n in d["namespaces"].values()), d; assert "remote" in d and d["remote"]["evictions_noticed"] == 0 and d["remote"]["write_cancelled"] == 0'
 fi
 if kvt_run refused 1 stat "$TMP/c" --remote "redis://kvt:Sekrit-$SEED@127.0.0.1:1"; then
   if grep -q "Sekrit" "$TMP/refused.out" "$TMP/refused.err"; then fail "refused: the password was printed"

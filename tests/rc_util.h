@@ -1,11 +1,13 @@
 /* rc_util.h - helpers of the Redis Cluster tests (test_rcluster*.c): where
  * the cluster the ctest fixture started lives (env KVT_REDIS_PORT,
  * KVT_REDIS_DIR), a skip when redis-server is not installed, and admin
- * commands on one node through plain hiredis. */
+ * commands on one node through plain hiredis. The asserting helpers need
+ * cmocka: include testutil.h first. */
 #ifndef KVT_RC_UTIL_H
 #define KVT_RC_UTIL_H
 
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,27 @@ static inline redisContext *rcu_admin(int port, const char *pw) {
     if (r) freeReplyObject(r);
   }
   return c;
+}
+
+/* A node: its port and its cluster id. */
+typedef struct node_info {
+  int port;
+  char id[64];
+} node_info;
+
+/* One admin command on port that must not fail (an error reply is printed). */
+static inline void rcu_admin_ok(int port, const char *fmt, ...) {
+  redisContext *a = rcu_admin(port, NULL);
+  assert_non_null(a);
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(a, fmt, ap);
+  va_end(ap);
+  assert_non_null(r);
+  if (r->type == REDIS_REPLY_ERROR) fprintf(stderr, "port %d: %s\n", port, r->str);
+  assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+  redisFree(a);
 }
 
 /* The pid a node wrote in DIR/PORT/redis.pid; 0 if unknown. */

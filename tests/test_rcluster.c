@@ -6,7 +6,6 @@
  * migration. Skipped (77) when redis-server is not installed. */
 #include "testutil.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,11 +241,6 @@ static void test_pipeline_mixed_wide(void **state) {
 
 /* ------------------------------------------------------------ migration */
 
-typedef struct node_info {
-  int port;
-  char id[64];
-} node_info;
-
 static node_info g_masters[8];
 static int g_n_masters;
 
@@ -301,28 +295,14 @@ static void masters_for(uint16_t slot, node_info *src, node_info *dst) {
   assert_true(got_src && got_dst);
 }
 
-static void cmd_ok(int port, const char *fmt, ...) {
-  redisContext *a = rcu_admin(port, NULL);
-  assert_non_null(a);
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(a, fmt, ap);
-  va_end(ap);
-  assert_non_null(r);
-  if (r->type == REDIS_REPLY_ERROR) fprintf(stderr, "port %d: %s\n", port, r->str);
-  assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
-  freeReplyObject(r);
-  redisFree(a);
-}
-
 /* Tell every node that slot now belongs to id. */
 static void slot_assign(uint16_t slot, const char *id) {
   for (int i = 0; i < g_n_masters; i++)
-    cmd_ok(g_masters[i].port, "CLUSTER SETSLOT %d NODE %s", (int)slot, id);
+    rcu_admin_ok(g_masters[i].port, "CLUSTER SETSLOT %d NODE %s", (int)slot, id);
 }
 
 static void migrate_key(const node_info *src, const node_info *dst, const void *k, size_t n) {
-  cmd_ok(src->port, "MIGRATE 127.0.0.1 %d %b 0 5000", dst->port, k, n);
+  rcu_admin_ok(src->port, "MIGRATE 127.0.0.1 %d %b 0 5000", dst->port, k, n);
 }
 
 /* Move every key of slot still on src (other tests' keys land in any
@@ -367,8 +347,8 @@ static void test_moved(void **state) {
   masters_for(slot, &src, &dst);
   char before[64], after[64];
   assert_int_equal(kvt_rc_slot_node(rc, slot, before, sizeof before), 0);
-  cmd_ok(dst.port, "CLUSTER SETSLOT %d IMPORTING %s", (int)slot, src.id);
-  cmd_ok(src.port, "CLUSTER SETSLOT %d MIGRATING %s", (int)slot, dst.id);
+  rcu_admin_ok(dst.port, "CLUSTER SETSLOT %d IMPORTING %s", (int)slot, src.id);
+  rcu_admin_ok(src.port, "CLUSTER SETSLOT %d MIGRATING %s", (int)slot, dst.id);
   migrate_slot(&src, &dst, slot);
   slot_assign(slot, dst.id);
   assert_true(get_one(rc, key, kn, val, sizeof val));
@@ -407,8 +387,8 @@ static void test_ask(void **state) {
   assert_int_equal(c[1].status, KVT_RC_OK);
   node_info src, dst;
   masters_for(slot, &src, &dst);
-  cmd_ok(dst.port, "CLUSTER SETSLOT %d IMPORTING %s", (int)slot, src.id);
-  cmd_ok(src.port, "CLUSTER SETSLOT %d MIGRATING %s", (int)slot, dst.id);
+  rcu_admin_ok(dst.port, "CLUSTER SETSLOT %d IMPORTING %s", (int)slot, src.id);
+  rcu_admin_ok(src.port, "CLUSTER SETSLOT %d MIGRATING %s", (int)slot, dst.id);
   migrate_key(&src, &dst, k1, n1); /* k1 moved, k2 not yet */
   memset(c, 0, sizeof c);
   c[0] = (kvt_rc_cmd){.op = KVT_RC_GET, .key = k1, .key_len = n1};

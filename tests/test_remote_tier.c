@@ -64,20 +64,6 @@ static redisReply *admin(int port, const char *fmt, ...) {
   return r;
 }
 
-static void admin_ok(int port, const char *fmt, ...) {
-  redisContext *a = rcu_admin(port, NULL);
-  assert_non_null(a);
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(a, fmt, ap);
-  va_end(ap);
-  assert_non_null(r);
-  if (r->type == REDIS_REPLY_ERROR) fprintf(stderr, "port %d: %s\n", port, r->str);
-  assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
-  freeReplyObject(r);
-  redisFree(a);
-}
-
 /* "field:value" of an INFO reply, as a number; -1 if absent. */
 static long long info_num(const char *info, const char *field) {
   char pat[64];
@@ -102,11 +88,6 @@ static void wait_cluster_ok(void) {
     nap_ms(100);
   }
 }
-
-typedef struct node_info {
-  int port;
-  char id[64];
-} node_info;
 
 /* The live masters (ROLE). */
 static int masters_load(node_info *m) {
@@ -179,9 +160,9 @@ static void cluster_reset(void) {
     pid_t pid = rcu_node_pid(g_dir, p);
     if (pid <= 0 || kill(pid, 0) != 0) continue;
     kill(pid, SIGCONT);
-    admin_ok(p, "CONFIG SET maxmemory 0");
-    admin_ok(p, "CONFIG SET maxmemory-policy noeviction");
-    admin_ok(p, "CONFIG SET cluster-replica-no-failover no");
+    rcu_admin_ok(p, "CONFIG SET maxmemory 0");
+    rcu_admin_ok(p, "CONFIG SET maxmemory-policy noeviction");
+    rcu_admin_ok(p, "CONFIG SET cluster-replica-no-failover no");
   }
   wait_cluster_ok();
 }
@@ -371,7 +352,8 @@ static void migrate_rest(int src, int dst, uint16_t slot) {
     assert_int_equal(r->type, REDIS_REPLY_ARRAY);
     size_t n = r->elements;
     for (size_t i = 0; i < n; i++)
-      admin_ok(src, "MIGRATE 127.0.0.1 %d %b 0 5000", dst, r->element[i]->str, r->element[i]->len);
+      rcu_admin_ok(src, "MIGRATE 127.0.0.1 %d %b 0 5000", dst, r->element[i]->str,
+                   r->element[i]->len);
     freeReplyObject(r);
     if (!n) break;
   }
@@ -421,13 +403,13 @@ static void test_slot_migration(void **state) {
   }
   assert_non_null(sid_a);
   assert_non_null(sid_b);
-  admin_ok(dst_a, "CLUSTER SETSLOT %d IMPORTING %s", (int)sa, sid_a);
-  admin_ok(src_a, "CLUSTER SETSLOT %d MIGRATING %s", (int)sa, id_a);
-  admin_ok(dst_b, "CLUSTER SETSLOT %d IMPORTING %s", (int)sb, sid_b);
-  admin_ok(src_b, "CLUSTER SETSLOT %d MIGRATING %s", (int)sb, id_b);
+  rcu_admin_ok(dst_a, "CLUSTER SETSLOT %d IMPORTING %s", (int)sa, sid_a);
+  rcu_admin_ok(src_a, "CLUSTER SETSLOT %d MIGRATING %s", (int)sa, id_a);
+  rcu_admin_ok(dst_b, "CLUSTER SETSLOT %d IMPORTING %s", (int)sb, sid_b);
+  rcu_admin_ok(src_b, "CLUSTER SETSLOT %d MIGRATING %s", (int)sb, id_b);
   char name[KVT_REMOTE_KEY_MAX];
   size_t nlen = kvt_remote_block_key(&c.kx[NB / 2], name);
-  admin_ok(src_a, "MIGRATE 127.0.0.1 %d %b 0 5000", dst_a, name, nlen);
+  rcu_admin_ok(src_a, "MIGRATE 127.0.0.1 %d %b 0 5000", dst_a, name, nlen);
   assert_false(key_on(src_a, &c.kx[NB / 2], 0)); /* moved: the source answers ASK */
   /* mid-migration: run a is all there, run b is written */
   assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
@@ -441,8 +423,8 @@ static void test_slot_migration(void **state) {
   migrate_rest(src_a, dst_a, sa);
   migrate_rest(src_b, dst_b, sb);
   for (int i = 0; i < 3; i++) {
-    admin_ok(m[i].port, "CLUSTER SETSLOT %d NODE %s", (int)sa, id_a);
-    admin_ok(m[i].port, "CLUSTER SETSLOT %d NODE %s", (int)sb, id_b);
+    rcu_admin_ok(m[i].port, "CLUSTER SETSLOT %d NODE %s", (int)sa, id_a);
+    rcu_admin_ok(m[i].port, "CLUSTER SETSLOT %d NODE %s", (int)sb, id_b);
   }
   assert_int_equal(slot_owner(sa), dst_a);
   assert_int_equal(lookup_run(c.e, c.nx, &c.x), NB);
@@ -469,7 +451,7 @@ static void test_sigstop(void **state) {
   assert_int_equal(load_run(c.e, c.nx, &c.x, c.kx, ok), NB);
   pid_t pid = victim_pick(c.kx, &victim, stopped, &n_stopped, &first);
   for (int p = g_port; p < g_port + NODES; p++)
-    admin_ok(p, "CONFIG SET cluster-replica-no-failover yes");
+    rcu_admin_ok(p, "CONFIG SET cluster-replica-no-failover yes");
   assert_int_equal(kill(pid, SIGSTOP), 0);
   /* stalled: lookups stop at its first block, loads miss its blocks */
   assert_int_equal(lookup_run(c.e, c.nx, &c.x), (size_t)first);
@@ -505,8 +487,8 @@ static void test_evictions_noticed(void **state) {
   node_info m[NODES];
   int nm = masters_load(m);
   for (int i = 0; i < nm; i++) {
-    admin_ok(m[i].port, "CONFIG SET maxmemory-policy allkeys-lru");
-    admin_ok(m[i].port, "CONFIG SET maxmemory 1");
+    rcu_admin_ok(m[i].port, "CONFIG SET maxmemory-policy allkeys-lru");
+    rcu_admin_ok(m[i].port, "CONFIG SET maxmemory 1");
   }
   uint64_t end = now_ms() + POLL_MS;
   for (int i = 0; i < nm; i++) {

@@ -258,7 +258,10 @@ static int keys_have(const kvt_key *keys, size_t n, const kvt_key *k) {
 static void queue_cancel(kvt_remote *r, const kvt_key *keys, size_t n) {
   pthread_mutex_lock(&r->q_lock);
   for (wjob *j = r->head; j; j = j->next)
-    if (!j->cancelled && keys_have(keys, n, &j->key)) j->cancelled = 1;
+    if (!j->cancelled && keys_have(keys, n, &j->key)) {
+      j->cancelled = 1;
+      r->n.write_cancelled++;
+    }
   for (int waited = 0;;) {
     int sending = 0;
     for (size_t i = 0; i < r->n_flight && !sending; i++)
@@ -278,6 +281,14 @@ void kvt_remote_test_hold(kvt_remote *r, int hold, int *busy, uint64_t *waited) 
   if (busy) *busy = r->busy;
   if (waited) *waited = r->removes_waited;
   pthread_mutex_unlock(&r->q_lock);
+}
+
+size_t kvt_remote_test_queued(kvt_remote *r) {
+  size_t n = 0;
+  pthread_mutex_lock(&r->q_lock);
+  for (const wjob *j = r->head; j; j = j->next) n++;
+  pthread_mutex_unlock(&r->q_lock);
+  return n;
 }
 
 void kvt_remote_drain(kvt_remote *r) {

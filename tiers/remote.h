@@ -43,6 +43,7 @@ typedef struct kvt_remote_counts {
   uint64_t writes, write_exists, write_dropped, write_failures;
   uint64_t evictions;     /* GETs that found gone a block seen there before (remote.c) */
   uint64_t local_copies;  /* remote hits handed to the local cold tier */
+  uint64_t write_cancelled; /* queued writes of removed blocks, not sent (queue_cancel) */
 } kvt_remote_counts;
 
 typedef struct kvt_remote kvt_remote;
@@ -76,6 +77,8 @@ void kvt_remote_drain(kvt_remote *r);
  * a batch taken; waited: how many removes so far waited for a batch in
  * flight. */
 void kvt_remote_test_hold(kvt_remote *r, int hold, int *busy, uint64_t *waited);
+/* Tests only: jobs queued, not yet taken by the writer. */
+size_t kvt_remote_test_queued(kvt_remote *r);
 
 /* How many of keys[0..n) lead that the cluster has (EXISTS, pipelined). */
 size_t kvt_remote_prefix(kvt_remote *r, const kvt_key *keys, size_t n);
@@ -114,5 +117,7 @@ void kvt_remote_counts_get(kvt_remote *r, kvt_remote_counts *c, kvt_rc_stats *rc
 /* The counters of a store opened with a remote tier (store_remote.c):
  * 0, or KVT_ENOTFOUND when s has none. rc (may be NULL): the client's. */
 int kvt_store_remote_counts(kvt_store *s, kvt_remote_counts *c, kvt_rc_stats *rc);
+/* Tests only: the remote tier of a store opened with one, or NULL. */
+kvt_remote *kvt_store_remote_of(kvt_store *s);
 
 #endif

@@ -514,3 +514,7 @@ int kvt_store_remote_counts(kvt_store *st, kvt_remote_counts *c, kvt_rc_stats *r
   c->local_copies = __atomic_load_n(&s->copies, __ATOMIC_RELAXED);
   return 0;
 }
+
+kvt_remote *kvt_store_remote_of(kvt_store *st) {
+  return st && st->m == &remote_methods ? ((rstore *)st->impl)->r : NULL;
+}

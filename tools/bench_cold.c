@@ -989,7 +989,11 @@ int bench_cold(int argc, char **argv)
   int rc = cli_parse("bench cold", argc, argv, o, BC_N_OPTS, &want_help);
   if (want_help) bench_usage(stdout);
   if (rc != CLI_OK || want_help) return rc;
-  if (cfg.remote) { /* its checks count the local cold tier's records after kvt_sync */
+  /* Not with a remote tier: bench cold measures the local cold tier
+   * against raw file I/O; a remote writer behind it would add its SETs to
+   * the rounds, and a block another round's engine already sent would
+   * count twice (docs/remote.md). bench remote measures the cluster. */
+  if (cfg.remote) {
     fprintf(stderr, "kvtier bench cold: --remote: bench cold measures the local cold tier "
                     "against raw file I/O and does not run with a remote tier; 'kvtier bench "
                     "remote --url URL' measures that (docs/remote.md)\n");

@@ -26,15 +26,15 @@ void cli_remote_print(const kvt_remote_stats *r) {
   printf("\nremote tier (this process): %llu hits, %llu misses, %llu timeouts, "
          "%llu checksum failures (%llu deleted)\n"
          "  bytes in %s, out %s; blocks written %llu, already there %llu, "
-         "dropped %llu, failed %llu; copied to the local cold tier %llu\n"
+         "dropped %llu, cancelled %llu, failed %llu; copied to the local cold tier %llu\n"
          "  evictions noticed %llu (blocks seen in the cluster, then gone)\n",
          (unsigned long long)rs.hits, (unsigned long long)rs.misses,
          (unsigned long long)rs.timeouts, (unsigned long long)rs.checksum_failures,
          (unsigned long long)rs.deleted, fmt_bytes(in, sizeof in, rs.bytes_in),
          fmt_bytes(out, sizeof out, rs.bytes_out), (unsigned long long)rs.writes,
          (unsigned long long)rs.write_exists, (unsigned long long)rs.write_dropped,
-         (unsigned long long)rs.write_failures, (unsigned long long)rs.local_copies,
-         (unsigned long long)rs.evictions_noticed);
+         (unsigned long long)rs.write_cancelled, (unsigned long long)rs.write_failures,
+         (unsigned long long)rs.local_copies, (unsigned long long)rs.evictions_noticed);
 }
 
 void cli_remote_json(json_w *j, const kvt_remote_stats *r) {
@@ -51,6 +51,7 @@ void cli_remote_json(json_w *j, const kvt_remote_stats *r) {
   json_u64(j, "writes", rs.writes);
   json_u64(j, "write_exists", rs.write_exists);
   json_u64(j, "write_dropped", rs.write_dropped);
+  json_u64(j, "write_cancelled", rs.write_cancelled);
   json_u64(j, "write_failures", rs.write_failures);
   json_u64(j, "local_copies", rs.local_copies);
   json_u64(j, "evictions_noticed", rs.evictions_noticed);
