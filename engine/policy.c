@@ -290,6 +290,9 @@ static void select_lowest(cand *cd, size_t i, size_t m) {
  * linear scan), a new policy or a big budget cut many (a sort). */
 #define SELECT_FIRST 4
 
+static void tiers_known(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote,
+                        const kvt_policy_info *known, uint32_t listed);
+
 /* kvt_policy_apply_locked() with the layer's bytes known and its retained
  * blocks listed in the ranking scratch (listed of them; layer_list(), with
  * the lock held since), or NULL: counted and listed here. */
@@ -299,11 +302,15 @@ static void apply_known(kvt_seq *s, uint32_t layer, const kvt_policy_info *known
   const kvt_lpol *lp = layer_pol(s, layer);
   const kvt_scorer *sc = kvt_scorer_get(lp->scorer);
   if (!sc || lp->share >= 1) return;
+  kvt_policy_info o;
   if (lp->warm > 0) {
-    kvt_policy_tiers_locked(s, layer, sc, 1);
+    if (!known) {
+      listed = layer_list(s, layer, &o);
+      known = &o;
+    }
+    tiers_known(s, layer, sc, 1, known, listed);
     return;
   }
-  kvt_policy_info o;
   if (known) o = *known;
   else listed = layer_list(s, layer, &o);
   if (o.kept_bytes <= o.budget_bytes) return;
@@ -528,15 +535,28 @@ static int tiers_step(kvt_seq *s, uint32_t layer, cand *cd, size_t m, kvt_lpol *
   return 1;
 }
 
-void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote) {
+/* kvt_policy_tiers_locked() with the layer's bytes known and its retained
+ * blocks listed (as apply_known() takes them), or NULL. */
+static void tiers_known(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote,
+                        const kvt_policy_info *known, uint32_t listed) {
   kvt_lpol *lp = &s->lp[layer];
-  size_t m = rank_layer(s, layer, sc);
+  size_t m = known ? rank_listed(s, layer, sc, listed) : rank_layer(s, layer, sc);
   int promoted = 0;
   tview v = {.memo = {.k_codec = -1, .v_codec = -1}};
   cand *cd = (cand *)s->scratch_cand;
-  view_read(s, layer, cd, m, &v);
+  if (known) { /* view_read() with the bytes counted */
+    v.o = *known;
+    for (size_t i = 0; i < m; i++) cd[i].pad = tier_at(s, cd[i].block, layer);
+    v.moves = tier_moves(s->e);
+  } else {
+    view_read(s, layer, cd, m, &v);
+  }
   for (int i = 0; i < TIER_MOVES_MAX; i++)
     if (!tiers_step(s, layer, cd, m, lp, allow_promote, &promoted, &v)) break;
+}
+
+void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote) {
+  tiers_known(s, layer, sc, allow_promote, NULL, 0);
 }
 
 /* ---- setting a policy ------------------------------------------------------ */
