@@ -116,10 +116,22 @@ static const kvt_lpol *layer_pol(const kvt_seq *s, uint32_t layer) {
   return s->lp ? &s->lp[layer] : &lpol_full;
 }
 
-/* Fill the byte figures of (s, layer). */
-static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
+/* Count retained block lb (not cold) into o's kept and warm figures. */
+static void layer_bytes_add(const kvt_seq *s, const kvt_lblk *lb, bytes_memo *memo,
+                            kvt_policy_info *o) {
+  uint64_t bytes = block_bytes_memo(s->ns, lb, memo), bt = s->ns->desc.shape.block_tokens;
+  o->kept_tokens += bt;
+  o->kept_bytes += bytes;
+  if (lb->tier == KVT_TIER_WARM) {
+    o->warm_tokens += bt;
+    o->warm_bytes += bytes;
+  }
+}
+
+/* The byte figures of (s, layer) but its blocks' (kept and warm: the
+ * tail only). */
+static void layer_bytes_start(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   const kvt_shape *sh = &s->ns->desc.shape;
-  uint32_t L = sh->n_layers;
   uint64_t tb = token_bytes(sh), tokens = seq_tokens(s);
   uint64_t tail = tokens - (uint64_t)s->n_blocks * sh->block_tokens;
   const kvt_lpol *lp = layer_pol(s, layer);
@@ -131,23 +143,42 @@ static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   o->budget_bytes = (uint64_t)floor(lp->share * (double)o->full_bytes);
   o->kept_tokens = tail;
   o->kept_bytes = tail * tb;
-  bytes_memo memo = {.k_codec = -1, .v_codec = -1};
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
-    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (!lb || lb->tier == KVT_TIER_COLD) continue;
-    uint64_t bytes = block_bytes_memo(s->ns, lb, &memo);
-    o->kept_tokens += sh->block_tokens;
-    o->kept_bytes += bytes;
-    if (lb->tier == KVT_TIER_WARM) {
-      o->warm_tokens += sh->block_tokens;
-      o->warm_bytes += bytes;
-    }
-  }
-  o->over = o->kept_bytes > o->budget_bytes;
   o->warm_share = lp->warm;
   o->promotions = lp->promotions;
   o->promotions_exact = lp->promotions_exact;
   o->demotions = lp->demotions;
+}
+
+static void *priv_of(const kvt_seq *s, uint32_t block, uint32_t layer);
+
+/* layer_bytes() and the retained blocks of (s, layer) listed in block
+ * order in the ranking scratch, in one pass; returns how many. */
+static uint32_t layer_list(kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
+  uint32_t L = s->ns->desc.shape.n_layers, n = 0;
+  kvt_pblk *pb = s->scratch_pb;
+  bytes_memo memo = {.k_codec = -1, .v_codec = -1};
+  layer_bytes_start(s, layer, o);
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    size_t at = (size_t)b * L + layer;
+    const kvt_lblk *lb = s->lb[at];
+    if (!lb || lb->tier == KVT_TIER_COLD) continue;
+    layer_bytes_add(s, lb, &memo, o);
+    pb[n++] = (kvt_pblk){.block = b, .bs = &s->bs[at], .st = priv_of(s, b, layer)};
+  }
+  o->over = o->kept_bytes > o->budget_bytes;
+  return n;
+}
+
+/* Fill the byte figures of (s, layer). */
+static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
+  uint32_t L = s->ns->desc.shape.n_layers;
+  layer_bytes_start(s, layer, o);
+  bytes_memo memo = {.k_codec = -1, .v_codec = -1};
+  for (uint32_t b = 0; b < s->n_blocks; b++) {
+    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
+    if (lb && lb->tier != KVT_TIER_COLD) layer_bytes_add(s, lb, &memo, o);
+  }
+  o->over = o->kept_bytes > o->budget_bytes;
 }
 
 int64_t kvt_policy_room_locked(const kvt_seq *s, uint32_t layer) {
@@ -216,6 +247,8 @@ static int cand_cmp(const void *a, const void *b) {
 
 /* Score every retained block of the layer and list the evictable ones
  * (unordered) in the sequence's scratch (grown with it); returns how many. */
+static size_t rank_listed(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, uint32_t n);
+
 static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
   uint32_t L = s->ns->desc.shape.n_layers, n = 0;
   kvt_pblk *pb = s->scratch_pb;
@@ -224,6 +257,12 @@ static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
     pb[n++] = (kvt_pblk){.block = b, .bs = &s->bs[(size_t)b * L + layer],
                          .st = priv_of(s, b, layer)};
   }
+  return rank_listed(s, layer, sc, n);
+}
+
+/* rank_layer() of the n retained blocks already listed in the scratch. */
+static size_t rank_listed(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, uint32_t n) {
+  kvt_pblk *pb = s->scratch_pb;
   kvt_pctx c;
   ctx_of(s, layer, &c);
   double *score = s->scratch_score;
@@ -251,19 +290,31 @@ static void select_lowest(cand *cd, size_t i, size_t m) {
  * linear scan), a new policy or a big budget cut many (a sort). */
 #define SELECT_FIRST 4
 
-void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
+static void tiers_known(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote,
+                        const kvt_policy_info *known, uint32_t listed);
+
+/* kvt_policy_apply_locked() with the layer's bytes known and its retained
+ * blocks listed in the ranking scratch (listed of them; layer_list(), with
+ * the lock held since), or NULL: counted and listed here. */
+static void apply_known(kvt_seq *s, uint32_t layer, const kvt_policy_info *known,
+                        uint32_t listed) {
   if (!s->lp) return; /* "full" */
   const kvt_lpol *lp = layer_pol(s, layer);
   const kvt_scorer *sc = kvt_scorer_get(lp->scorer);
   if (!sc || lp->share >= 1) return;
+  kvt_policy_info o;
   if (lp->warm > 0) {
-    kvt_policy_tiers_locked(s, layer, sc, 1);
+    if (!known) {
+      listed = layer_list(s, layer, &o);
+      known = &o;
+    }
+    tiers_known(s, layer, sc, 1, known, listed);
     return;
   }
-  kvt_policy_info o;
-  layer_bytes(s, layer, &o);
+  if (known) o = *known;
+  else listed = layer_list(s, layer, &o);
   if (o.kept_bytes <= o.budget_bytes) return;
-  size_t m = rank_layer(s, layer, sc);
+  size_t m = rank_listed(s, layer, sc, listed);
   cand *cd = (cand *)s->scratch_cand;
   uint32_t L = s->ns->desc.shape.n_layers;
   for (size_t i = 0; i < m && o.kept_bytes > o.budget_bytes; i++) {
@@ -274,6 +325,8 @@ void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) {
     evict(s, b, layer);
   }
 }
+
+void kvt_policy_apply_locked(kvt_seq *s, uint32_t layer) { apply_known(s, layer, NULL, 0); }
 
 static void apply_all(kvt_seq *s) {
   for (uint32_t l = 0; l < s->ns->desc.shape.n_layers; l++) kvt_policy_apply_locked(s, l);
@@ -482,15 +535,28 @@ static int tiers_step(kvt_seq *s, uint32_t layer, cand *cd, size_t m, kvt_lpol *
   return 1;
 }
 
-void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote) {
+/* kvt_policy_tiers_locked() with the layer's bytes known and its retained
+ * blocks listed (as apply_known() takes them), or NULL. */
+static void tiers_known(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote,
+                        const kvt_policy_info *known, uint32_t listed) {
   kvt_lpol *lp = &s->lp[layer];
-  size_t m = rank_layer(s, layer, sc);
+  size_t m = known ? rank_listed(s, layer, sc, listed) : rank_layer(s, layer, sc);
   int promoted = 0;
   tview v = {.memo = {.k_codec = -1, .v_codec = -1}};
   cand *cd = (cand *)s->scratch_cand;
-  view_read(s, layer, cd, m, &v);
+  if (known) { /* view_read() with the bytes counted */
+    v.o = *known;
+    for (size_t i = 0; i < m; i++) cd[i].pad = tier_at(s, cd[i].block, layer);
+    v.moves = tier_moves(s->e);
+  } else {
+    view_read(s, layer, cd, m, &v);
+  }
   for (int i = 0; i < TIER_MOVES_MAX; i++)
     if (!tiers_step(s, layer, cd, m, lp, allow_promote, &promoted, &v)) break;
+}
+
+void kvt_policy_tiers_locked(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int allow_promote) {
+  tiers_known(s, layer, sc, allow_promote, NULL, 0);
 }
 
 /* ---- setting a policy ------------------------------------------------------ */
@@ -646,7 +712,13 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
                      "%g at i = %zu", block_mass[i], i);
   int rc = 0;
   pthread_mutex_lock(&e->lock);
-  size_t n = kvt_retained_pin(s, layer, NULL, NULL);
+  /* One pass over the layer's blocks: the retained ones (listed in the
+   * ranking scratch, which the policy's application below reuses only
+   * after them) and their bytes, which nothing below changes before the
+   * policy is applied. */
+  kvt_pblk *pb = s->scratch_pb;
+  kvt_policy_info o;
+  size_t n = layer_list(s, layer, &o);
   if (n != n_blocks) {
     rc = KVT_ERR(e, KVT_ECOUNT, "kvt_seq_observe", "n_blocks", "the number of retained blocks",
                  "%zu (%zu retained)", n_blocks, n);
@@ -654,21 +726,17 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
     const kvt_scorer *sc = s->lp ? kvt_scorer_get(s->lp[layer].scorer) : NULL;
     kvt_pctx c;
     ctx_of(s, layer, &c);
-    for (uint32_t b = 0, i = 0; b < s->n_blocks; b++) {
-      if (!retained_at(s, b, layer)) continue;
-      kvt_bstate *st = &s->bs[(size_t)b * L + layer];
-      float m = block_mass[i++];
+    for (size_t i = 0; i < n; i++) {
+      kvt_bstate *st = &s->bs[(size_t)pb[i].block * L + layer];
+      float m = block_mass[i];
       st->mass_sum += m;
       st->mass_last = m;
       if (m > st->mass_max) st->mass_max = m;
       st->observed++;
-      if (sc && sc->observe) {
-        kvt_pblk pb = {.block = b, .bs = st, .st = priv_of(s, b, layer)};
-        sc->observe(&c, &pb, m);
-      }
+      if (sc && sc->observe) sc->observe(&c, &pb[i], m);
     }
     kvt_recall_observed_locked(s, layer);
-    kvt_policy_apply_locked(s, layer);
+    apply_known(s, layer, &o, (uint32_t)n);
   }
   pthread_mutex_unlock(&e->lock);
   if (!rc) kvt_recall_step(s, layer); /* this query's recalls, read during the next step */

@@ -171,12 +171,68 @@ void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_l
   if (dec) kvt_mem_free(&e->mem, KVT_MEM_OTHER, dec, 2 * each);
 }
 
+/* The test k * exp(best) <= cut of sketch_bound() (k: query heads times
+ * block tokens), mostly without the exp: cut's binary exponent puts
+ * log(cut) within ln 2 (no log), and a best exponent farther than 1e-9
+ * (far beyond the rounding of exp, log and the product) outside the band
+ * log(k) + [lo, hi] decides as the exp would; within it, log(cut) itself
+ * (once per cut) narrows the band; what is still within 1e-9, or out of
+ * the range where k * exp(best) is a normal number, takes the exp. */
+typedef struct cut_test {
+  double cut, logk, lo, hi, lcut;
+  int ok, have_log; /* ok: cut positive and finite */
+} cut_test;
+
+#define CUT_LN2 0.69314718055994530942
+
+static void cut_set(cut_test *t, double cut, double logk) {
+  int e = 0;
+  t->cut = cut;
+  t->logk = logk;
+  t->ok = cut > 0 && isfinite(cut);
+  t->have_log = 0;
+  if (t->ok) frexp(cut, &e); /* cut in [2^(e-1), 2^e) */
+  t->lo = (e - 1) * CUT_LN2 - logk;
+  t->hi = e * CUT_LN2 - logk;
+}
+
+static int cut_passes(cut_test *t, double k, double best) {
+  if (t->ok && best > -700 && best < 700) {
+    if (best < t->lo - 1e-9) return 0;
+    if (best > t->hi + 1e-9) return 1;
+    if (!t->have_log) {
+      t->lcut = log(t->cut) - t->logk;
+      t->have_log = 1;
+    }
+    if (best < t->lcut - 1e-9) return 0;
+    if (best > t->lcut + 1e-9) return 1;
+  }
+  return !(k * exp(best) <= t->cut);
+}
+
+/* One query head's exponent for the sketch: the bound of q.k over the
+ * block's keys, scaled, less the head's lse. With 1-token blocks min and
+ * max are the one key (mn == mx) and the larger product is either. */
+static double head_bound(const float *qh, const float *mn, const float *mx, uint32_t D,
+                         float scale, float lse) {
+  float u = 0;
+  if (mn == mx)
+    for (uint32_t d = 0; d < D; d++) u += qh[d] * mn[d];
+  else
+    for (uint32_t d = 0; d < D; d++) {
+      float a = qh[d] * mn[d], b = qh[d] * mx[d];
+      u += a > b ? a : b;
+    }
+  return (double)(u * scale - lse);
+}
+
 /* The mass the sketch allows the block under the layer's last query: per
  * query head, block_tokens * exp(bound - lse), summed; 0 when even the
- * best head times the heads cannot pass cut (one exp, not one a head).
- * Each head's bound is computed once, kept for the sum. */
+ * best head times the heads cannot pass cut (no exp a head, and mostly
+ * none at all: cut_passes). Each head's bound is computed once, kept for
+ * the sum. */
 static double sketch_bound(const struct kvt_recall *r, const kvt_shape *sh, const sketch *sk,
-                           double cut) {
+                           cut_test *cut) {
   uint32_t layer = sk->layer, nq = r->nq[layer], D = sh->head_dim;
   uint32_t group = nq / sh->n_kv_heads;
   const float *q = r->q + (size_t)layer * r->q_cap * (D + 1), *lse = q + (size_t)nq * D;
@@ -185,31 +241,15 @@ static double sketch_bound(const struct kvt_recall *r, const kvt_shape *sh, cons
   double T = sh->block_tokens, best = -INFINITY, mass = 0;
   double xs[64], *x = nq <= 64 ? xs : NULL; /* the heads' exponents, when they fit */
   for (uint32_t h = 0; h < nq; h++) { /* the best head first */
-    const float *qh = q + (size_t)h * D;
     size_t g = (size_t)(h / group) * D;
-    float u = 0;
-    for (uint32_t d = 0; d < D; d++) {
-      float a = qh[d] * mn[g + d], b = qh[d] * mx[g + d];
-      u += a > b ? a : b;
-    }
-    double xh = (double)(u * scale - lse[h]);
+    double xh = head_bound(q + (size_t)h * D, mn + g, mx + g, D, scale, lse[h]);
     if (x) x[h] = xh;
     if (xh > best) best = xh;
   }
-  if ((double)nq * T * exp(best) <= cut) return 0;
+  if (!cut_passes(cut, (double)nq * T, best)) return 0;
   for (uint32_t h = 0; h < nq; h++) { /* the sum when it passes */
-    double xh;
-    if (x) xh = x[h];
-    else {
-      const float *qh = q + (size_t)h * D;
-      size_t g = (size_t)(h / group) * D;
-      float u = 0;
-      for (uint32_t d = 0; d < D; d++) {
-        float a = qh[d] * mn[g + d], b = qh[d] * mx[g + d];
-        u += a > b ? a : b;
-      }
-      xh = (double)(u * scale - lse[h]);
-    }
+    size_t g = (size_t)(h / group) * D;
+    double xh = x ? x[h] : head_bound(q + (size_t)h * D, mn + g, mx + g, D, scale, lse[h]);
     mass += T * exp(xh);
   }
   return mass;
@@ -282,6 +322,9 @@ static size_t strongest(kvt_seq *s, struct kvt_recall *r, uint32_t layer, double
                         size_t max) {
   const kvt_shape *sh = &s->ns->desc.shape;
   size_t n = 0, seen = 0, visited = 0, total = r->n, i = r->cursor[layer];
+  double k = (double)r->nq[layer] * sh->block_tokens, logk = log(k), full_need = NAN;
+  cut_test base, full; /* the test against cut, and against the full list's last */
+  cut_set(&base, cut, logk);
   while (visited < total && seen < KVT_RECALL_SCAN && r->n) {
     if (i >= r->n) i = 0;
     const sketch *sk = &r->sk[i];
@@ -300,7 +343,8 @@ static size_t strongest(kvt_seq *s, struct kvt_recall *r, uint32_t layer, double
      * so that the choice is the one the full sum would make) */
     double need = n == max && c[max - 1].bound * (1 - 1e-6) > cut ? c[max - 1].bound * (1 - 1e-6)
                                                                   : cut;
-    cand x = {.bound = sketch_bound(r, sh, sk, need), .i = i++};
+    if (need != cut && need != full_need) cut_set(&full, full_need = need, logk);
+    cand x = {.bound = sketch_bound(r, sh, sk, need != cut ? &full : &base), .i = i++};
     if (x.bound <= cut) continue; /* cannot be recalled this step */
     size_t j = n < max ? n++ : max;
     if (j == max && x.bound <= c[max - 1].bound) continue;
