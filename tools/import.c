@@ -477,7 +477,8 @@ static int import_store(const import_cfg *c, const import_kv *x, const uint32_t 
   int sync_rc = rc ? 0 : kvt_sync(e);
   t->seconds = (double)(now_ns() - t0) * 1e-9;
   kvt_stats_get(e, &s1);
-  cli_remote_get(e, &t->remote); /* before close, as kvtier warm */
+  /* before close, as kvtier warm; once the blocks put are settled there */
+  cli_remote_get_settled(e, &t->remote, rc || sync_rc ? 0 : t->stored, 10000);
   kvt_engine_close(e);
   if (rc) return rc;
   if (sync_rc) return cli_lib_error("import", "making the blocks durable (kvt_sync)", sync_rc);

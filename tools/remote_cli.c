@@ -2,6 +2,7 @@
  * with --remote URL, and the remote tier's counters in text and JSON.
  * The URL may hold a password: it is never printed. */
 #include <stdio.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -17,6 +18,20 @@ int cli_remote_get(kvt_engine *e, kvt_remote_stats *rs) {
   if (e && kvt_remote_stats_get(e, rs) == 0) return 1;
   rs->size = 0; /* none: the printers print nothing */
   return 0;
+}
+
+/* Writes to the cluster run in the background, and with a local cold tier
+ * kvt_sync() does not wait for them: wait until `want` of them are settled
+ * (stored, found there, dropped, cancelled or failed), at most ms, so a
+ * command's report counts what it wrote. The same return as above. */
+int cli_remote_get_settled(kvt_engine *e, kvt_remote_stats *rs, uint64_t want, unsigned ms) {
+  for (unsigned waited = 0;; waited += 10) {
+    if (!cli_remote_get(e, rs)) return 0;
+    uint64_t settled = rs->writes + rs->write_exists + rs->write_dropped + rs->write_failures +
+                       rs->write_cancelled;
+    if (settled >= want || waited >= ms) return 1;
+    nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+  }
 }
 
 void cli_remote_print(const kvt_remote_stats *r) {

@@ -195,8 +195,10 @@ void bench_dir_close(bench_dir *d, const char *cmd);
 
 /* The remote tier's counters of e: 1, or 0 (rs->size 0) when it has
  * none; then the printers print nothing. A text paragraph on stdout, or a
- * "remote" object. remote_cli.c. */
+ * "remote" object. cli_remote_get_settled first waits (at most ms) until
+ * want background writes to the cluster are settled. remote_cli.c. */
 int cli_remote_get(kvt_engine *e, kvt_remote_stats *rs);
+int cli_remote_get_settled(kvt_engine *e, kvt_remote_stats *rs, uint64_t want, unsigned ms);
 void cli_remote_print(const kvt_remote_stats *rs);
 void cli_remote_json(json_w *j, const kvt_remote_stats *rs);
 
