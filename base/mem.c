@@ -3,6 +3,7 @@
  * engine lock. */
 #include "base/mem.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -67,7 +68,10 @@ void *kvt_mem_page_alloc(kvt_mem *m, int cat, size_t size) {
   /* Fresh pages are written whole right after (a put's copy): fault them
    * in with one call instead of one fault per 4 KiB page (each an exit to
    * the hypervisor in a VM). Best effort: older kernels say EINVAL. */
-  if (p && size % 4096 == 0) (void)madvise(p, size, MADV_POPULATE_WRITE);
+  static atomic_int no_populate; /* the kernel said EINVAL once: not again */
+  if (p && size % 4096 == 0 && !atomic_load_explicit(&no_populate, memory_order_relaxed) &&
+      madvise(p, size, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+    atomic_store_explicit(&no_populate, 1, memory_order_relaxed);
 #endif
   return p;
 }

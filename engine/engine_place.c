@@ -126,8 +126,8 @@ int kvt_tier_drop_for(kvt_engine *e, kvt_tier_state *t, uint64_t cost) {
       lblk_destroy(e, v);
     } else if ((v = durable_victim(t))) {
       to_cold(e, v);
-    } else if (kvt_flush_on(e) && kvt_flush_pending(e)) {
-      kvt_flush_wait_room(e);
+    } else if (kvt_flush_on(e) && (kvt_flush_pending(e) || e->drops)) {
+      kvt_flush_wait_room(e); /* a drop in progress holds its namespace's writes */
     } else {
       return KVT_EFULL;
     }
@@ -210,7 +210,7 @@ int kvt_hot_make_room(kvt_engine *e, uint64_t cost) {
   if (cost > hot->bytes_limit) return KVT_EFULL;
   while (hot->bytes_used + cost > hot->bytes_limit) {
     kvt_lblk *v = kvt_tier_oldest(hot);
-    if (!v && kvt_flush_on(e) && kvt_flush_pending(e)) { /* what is written lets go */
+    if (!v && kvt_flush_on(e) && (kvt_flush_pending(e) || e->drops)) { /* what is written lets go */
       kvt_flush_wait_room(e);
       continue;
     }

@@ -297,7 +297,9 @@ typedef struct kvt_options {
                                        recently used block instead; the order then decides
                                        only what the warm tier's failure drops. Its model
                                        (6.5 MiB, fixed at open) is not kept across restarts.
-                                       The field was `pad` (always 0, KVT_EVICT_CHAIN) */
+                                       The field was `pad`: options zeroed instead of
+                                       filled by kvt_options_init() now get 0 here,
+                                       KVT_EVICT_CHAIN, not the LRU list they had */
 } kvt_options;
 
 /** Orders in which the cold tier (kvt_options.cold_evict) and the hot

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "base/key.h"
+#include "tiers/hist.h"
 #include "tiers/remote.h"
 #include "tiers/remote_known.h"
 #include "tiers/store_impl.h"
@@ -257,15 +258,18 @@ static int rs_drain(void *impl) {
 static int rs_find(void *impl, const kvt_key *key) {
   rstore *s = impl;
   if (s->local && kvt_store_find(s->local, key) == 0) return 0;
-  return kvt_known_take(&s->known, key) ? 0 : KVT_ENOTFOUND;
+  return kvt_known_take(&s->known, key, kvt_hist_now_ns()) ? 0 : KVT_ENOTFOUND;
 }
 
 static size_t rs_prefix(void *impl, const kvt_key *keys, size_t n) {
   rstore *s = impl;
   size_t c = s->local ? kvt_store_prefix(s->local, keys, n) : 0;
   if (c == n) return c;
+  /* Read before asking: an answer that crossed a removal (a forget came
+   * meanwhile) is not remembered. */
+  uint64_t gen = kvt_known_gen(&s->known);
   size_t r = kvt_remote_prefix(s->r, keys + c, n - c);
-  kvt_known_add(&s->known, keys + c, r);
+  kvt_known_add(&s->known, keys + c, r, gen, kvt_hist_now_ns());
   return c + r;
 }
 
@@ -391,6 +395,7 @@ static int rs_remove(void *impl, const kvt_key *key) {
   int rc = s->local ? kvt_store_remove(s->local, key) : KVT_ENOTFOUND;
   kvt_known_forget(&s->known, key, 1);
   int rrc = s->rdonly ? KVT_ENOTFOUND : kvt_remote_remove(s->r, key);
+  kvt_known_forget(&s->known, key, 1); /* and a lookup that ran meanwhile */
   if (rc != 0 && rc != KVT_ENOTFOUND) return rc; /* a local failure is not hidden by the cluster's */
   return rc == 0 || rrc == 0 ? 0 : rc;
 }
@@ -435,6 +440,7 @@ static int rs_drop(void *impl, const kvt_key *seed, const kvt_key *root, uint32_
   int rc = s->local ? kvt_store_drop_each(s->local, seed, root, root_pos, dropped, keys_add, &v) : 0;
   if (v.k) kvt_known_forget(&s->known, v.k, v.n);
   uint64_t gone = v.n ? kvt_remote_remove_many(s->r, v.k, v.n) : 0;
+  if (v.k) kvt_known_forget(&s->known, v.k, v.n); /* and a lookup that ran meanwhile */
   if (!s->local && dropped) *dropped += gone;
   kvt_mem_free(s->mem, KVT_MEM_OTHER, v.k, v.cap * sizeof *v.k);
   return rc;
@@ -444,7 +450,9 @@ static uint64_t rs_drop_also(void *impl, const kvt_key *keys, size_t n) {
   rstore *s = impl;
   if (s->local || s->rdonly) return 0; /* the local drop names them (drop_each) */
   kvt_known_forget(&s->known, keys, n);
-  return kvt_remote_remove_many(s->r, keys, n);
+  uint64_t gone = kvt_remote_remove_many(s->r, keys, n);
+  kvt_known_forget(&s->known, keys, n); /* and a lookup that ran meanwhile */
+  return gone;
 }
 
 static void rs_stats(void *impl, kvt_store_stats *st) {

@@ -472,13 +472,18 @@ static int import_store(const import_cfg *c, const import_kv *x, const uint32_t 
   }
   kvt_stats s0, s1;
   kvt_stats_get(e, &s0);
+  kvt_tier_stats d0 = {0}, d1 = {0}; /* the cold tier's declines: not sent to the cluster */
+  kvt_stats_tier(e, KVT_TIER_COLD, &d0, sizeof d0);
   uint64_t t0 = now_ns();
   rc = import_blocks(e, ns, x, tok, n->d.shape.block_tokens, t);
   int sync_rc = rc ? 0 : kvt_sync(e);
   t->seconds = (double)(now_ns() - t0) * 1e-9;
   kvt_stats_get(e, &s1);
   /* before close, as kvtier warm; once the blocks put are settled there */
-  cli_remote_get_settled(e, &t->remote, rc || sync_rc ? 0 : t->stored, 10000);
+  kvt_stats_tier(e, KVT_TIER_COLD, &d1, sizeof d1);
+  uint64_t declined = d1.declined - d0.declined;
+  uint64_t want = rc || sync_rc || declined >= t->stored ? 0 : t->stored - declined;
+  cli_remote_get_settled(e, &t->remote, want, 10000);
   kvt_engine_close(e);
   if (rc) return rc;
   if (sync_rc) return cli_lib_error("import", "making the blocks durable (kvt_sync)", sync_rc);
