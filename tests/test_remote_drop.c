@@ -15,6 +15,7 @@
 
 #include "base/key.h"
 #include "base/mem.h"
+#include "engine/internal.h"
 #include "io/rcluster.h"
 #include "rc_util.h"
 #include "remote_fx.h"
@@ -100,6 +101,7 @@ static void drop_case(uint64_t cold, int reopen) {
   put_chain(e, ns, &c, c.a);
   put_chain(e, ns, &c, c.b);
   assert_int_equal(kvt_sync(e), 0);
+  kvt_remote_drain(kvt_store_remote_of(e->store)); /* with a local tier: written in the background */
   kvt_key ka[NB], kb[NB];
   keys_of(e, ns, c.a, ka);
   keys_of(e, ns, c.b, kb);
