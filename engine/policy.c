@@ -735,11 +735,13 @@ int kvt_seq_observe(kvt_seq *s, uint32_t layer, const float *block_mass, size_t 
       st->observed++;
       if (sc && sc->observe) sc->observe(&c, &pb[i], m);
     }
-    kvt_recall_observed_locked(s, layer);
-    apply_known(s, layer, &o, (uint32_t)n);
+    kvt_recall_observed_locked(s, layer, pb, n);
+    apply_known(s, layer, &o, (uint32_t)n); /* ranks the list, never rewrites it */
   }
   pthread_mutex_unlock(&e->lock);
-  if (!rc) kvt_recall_step(s, layer); /* this query's recalls, read during the next step */
+  /* this query's recalls, read during the next step; the weakest blocks
+   * from the list, a superset of the retained ones after the application */
+  if (!rc) kvt_recall_step(s, layer, pb, n);
   return rc;
 }
 

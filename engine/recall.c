@@ -285,11 +285,14 @@ void kvt_recall_note_query(kvt_seq *s, uint32_t layer, const float *q, uint32_t 
 
 /* The smallest mean mass among the layer's evictable retained blocks, in
  * ascending order into v and their blocks into vb (up to max); returns how
- * many. */
-static size_t weakest(const kvt_seq *s, uint32_t layer, double *v, uint32_t *vb, size_t max) {
+ * many. Looks at the n_listed blocks of listed (in block order, a superset
+ * of the retained ones) when given, else at every block of s. */
+static size_t weakest(const kvt_seq *s, uint32_t layer, const kvt_pblk *listed,
+                      size_t n_listed, double *v, uint32_t *vb, size_t max) {
   uint32_t L = s->ns->desc.shape.n_layers;
-  size_t n = 0;
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
+  size_t n = 0, end = listed ? n_listed : s->n_blocks;
+  for (size_t k = 0; k < end; k++) {
+    uint32_t b = listed ? listed[k].block : (uint32_t)k;
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     /* residency first: most blocks are away, and evictable() is a call */
     if (!lb || lb->tier == KVT_TIER_COLD || !kvt_policy_evictable(s, b, layer)) continue;
@@ -385,14 +388,16 @@ static void wait_cold(kvt_engine *e, kvt_tblk *tb, uint64_t *until) {
   }
 }
 
-/* Decide the layer's recalls under its last query. With the lock held;
+/* Decide the layer's recalls under its last query, the weakest blocks
+ * among the n_listed of listed (kvt_recall_step()). With the lock held;
  * returns how many blocks were marked. */
-static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer) {
+static uint32_t decide(kvt_seq *s, struct kvt_recall *r, uint32_t layer, const kvt_pblk *listed,
+                       size_t n_listed) {
   kvt_engine *e = s->e;
   double v[KVT_RECALL_PER_STEP];
   uint32_t vb[KVT_RECALL_PER_STEP];
   cand c[KVT_RECALL_PER_STEP];
-  size_t nv = weakest(s, layer, v, vb, KVT_RECALL_PER_STEP);
+  size_t nv = weakest(s, layer, listed, n_listed, v, vb, KVT_RECALL_PER_STEP);
   /* the bound of a block of T tokens counts each at its best key: its
    * best token alone must out-weigh the weakest block (and by the margin) */
   double margin = KVT_RECALL_MARGIN * s->ns->desc.shape.block_tokens;
@@ -454,7 +459,7 @@ static int room_for(const kvt_seq *s, uint32_t layer, int64_t need, uint32_t *vb
   int64_t room = kvt_policy_room_locked(s, layer);
   if (room >= need) return 0;
   double v[KVT_RECALL_PER_STEP];
-  size_t nv = weakest(s, layer, v, vb, KVT_RECALL_PER_STEP);
+  size_t nv = weakest(s, layer, NULL, 0, v, vb, KVT_RECALL_PER_STEP);
   for (size_t k = 0; k < nv; k++) {
     room += (int64_t)budget_bytes(sh, s->lb[(size_t)vb[k] * sh->n_layers + layer]);
     if (room >= need) return (int)k + 1;
@@ -499,18 +504,19 @@ static void promote_recalled(kvt_seq *s, uint32_t layer) {
      * ones as counted above, unless the lock's release let them move) */
     for (int k = 0; k < (int)KVT_RECALL_PER_STEP && kvt_policy_room_locked(s, layer) < 0; k++) {
       double v;
-      if (!weakest(s, layer, &v, vb, 1)) break;
+      if (!weakest(s, layer, NULL, 0, &v, vb, 1)) break;
       kvt_policy_evict_locked(s, vb[0], layer);
     }
   }
 }
 
-void kvt_recall_step(kvt_seq *s, uint32_t layer) {
+void kvt_recall_step(kvt_seq *s, uint32_t layer, const kvt_pblk *listed, size_t n_listed) {
   struct kvt_recall *r = s->recall;
   if (!r || !s->pol.recall || !s->lp) return;
   kvt_engine *e = s->e;
   pthread_mutex_lock(&e->lock);
-  uint32_t marked = r->nq[layer] && !r->pending[layer] ? decide(s, r, layer) : 0;
+  uint32_t marked =
+      r->nq[layer] && !r->pending[layer] ? decide(s, r, layer, listed, n_listed) : 0;
   r->nq[layer] = 0; /* a query is used once */
   pthread_mutex_unlock(&e->lock);
   if (!marked) return;
@@ -554,17 +560,20 @@ void kvt_recall_install(kvt_seq *s, uint32_t layer) {
   pthread_mutex_unlock(&e->lock);
 }
 
-void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer) {
+void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer, const kvt_pblk *listed,
+                                size_t n_listed) {
   if (!s->recall || !s->recall->n_recalled[layer]) return;
   uint32_t L = s->ns->desc.shape.n_layers;
   double low = INFINITY;
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
+  for (size_t k = 0; k < n_listed; k++) {
+    uint32_t b = listed[k].block;
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     if (lb && lb->tier != KVT_TIER_COLD && kvt_policy_evictable(s, b, layer) &&
         s->bs[(size_t)b * L + layer].mass_last < low)
       low = s->bs[(size_t)b * L + layer].mass_last;
   }
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
+  for (size_t k = 0; k < n_listed; k++) {
+    uint32_t b = listed[k].block;
     kvt_bstate *bs = &s->bs[(size_t)b * L + layer];
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
     if (!bs->recalled || !lb || lb->tier == KVT_TIER_COLD) continue;

@@ -31,12 +31,18 @@
 void kvt_recall_on_evict(kvt_seq *s, uint32_t block, uint32_t layer, const kvt_lblk *lb);
 /* kvt_seq_observe() of (s, layer) updated the masses: judge the recalled
  * blocks seen for the first time. With the lock held, before the layer's
- * budget is applied. */
-void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer);
+ * budget is applied; listed: the layer's retained blocks (n_listed, in
+ * block order) as the observation listed them. */
+void kvt_recall_observed_locked(kvt_seq *s, uint32_t layer, const kvt_pblk *listed,
+                                size_t n_listed);
 /* After kvt_seq_observe() of (s, layer): compare the sketches' bounds for
  * the layer's last query with the weakest retained blocks and start the
- * reads of those that win. Without the lock. */
-void kvt_recall_step(kvt_seq *s, uint32_t layer);
+ * reads of those that win. The weakest are looked for among listed (the
+ * observation's list, in block order): it holds every block retained now,
+ * as blocks only left the retained set or moved between hot and warm
+ * since, and only the sequence's own thread (this one) puts or adopts
+ * blocks into it. Without the lock. */
+void kvt_recall_step(kvt_seq *s, uint32_t layer, const kvt_pblk *listed, size_t n_listed);
 /* Start of kvt_seq_attend() of (s, layer): wait for the recall reads
  * started at the step before and apply the budget. Without the lock. */
 void kvt_recall_install(kvt_seq *s, uint32_t layer);
