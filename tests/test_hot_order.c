@@ -8,47 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conv_trace.h"
 #include "engine/internal.h"
 #include "tiers/evict.h"
 #include "tiers/tier.h"
 
 #define N_REQ 1600
-#define MAX_BLK 24
 #define BT 16 /* tokens a block */
 #define CAP 300 /* token blocks the hot tier holds */
-
-typedef struct req {
-  uint32_t n;
-  uint64_t id[MAX_BLK];
-} req;
-
-/* Conversations coming back soon, late or never, a few hot ones, and a
- * third of one-off prompts after a shared system block (as
- * test_engine_learned's, for the cold tier). */
-static void make_trace(req *r, size_t n, uint64_t seed) {
-  enum { CONVS = 120 };
-  static req last[CONVS];
-  memset(last, 0, sizeof last);
-  uint64_t st = seed, next_id = 1000;
-  for (size_t i = 0; i < n; i++) {
-    if (tu_rand_r(&st) % 3 == 0) {
-      r[i].n = 1 + 4 + (uint32_t)(tu_rand_r(&st) % 8);
-      r[i].id[0] = 1;
-      for (uint32_t k = 1; k < r[i].n; k++) r[i].id[k] = next_id++;
-      continue;
-    }
-    uint32_t c = (uint32_t)(tu_rand_r(&st) % CONVS);
-    if (tu_rand_r(&st) % 4 == 0) c = (uint32_t)(tu_rand_r(&st) % 8);
-    req *l = &last[c];
-    if (l->n == 0 || l->n + 4 > MAX_BLK) {
-      l->n = 1;
-      l->id[0] = 1;
-    }
-    uint32_t add = 1 + (uint32_t)(tu_rand_r(&st) % 4);
-    for (uint32_t k = 0; k < add; k++) l->id[l->n++] = next_id++;
-    r[i] = *l;
-  }
-}
 
 static const kvt_shape SHAPE = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
                                 .dtype = KVT_F16, .block_tokens = BT};
@@ -77,14 +44,14 @@ static void check_tracked(kvt_engine *e) {
 
 /* One request as kvtier plan replays it: look up the leading run, then
  * append every block and put those no tier had. */
-static void run_request(kvt_engine *e, kvt_ns_id ns, const req *r, step *out) {
-  static uint32_t tok[MAX_BLK * BT];
+static void run_request(kvt_engine *e, kvt_ns_id ns, const ct_req *r, step *out) {
+  static uint32_t tok[CT_MAX_BLK * BT];
   memset(tok, 0, sizeof tok);
   for (uint32_t i = 0; i < r->n; i++) {
     tok[i * BT] = (uint32_t)r->id[i];
     tok[i * BT + 1] = (uint32_t)(r->id[i] >> 32);
   }
-  kvt_lookup_entry ent[MAX_BLK];
+  kvt_lookup_entry ent[CT_MAX_BLK];
   size_t found = 0;
   assert_int_equal(kvt_lookup(e, ns, tok, (size_t)r->n * BT, ent, r->n, &found), 0);
   kvt_seq *q;
@@ -105,7 +72,7 @@ static void run_request(kvt_engine *e, kvt_ns_id ns, const req *r, step *out) {
 
 /* Replay through a metadata-only engine with only a hot tier, of CAP
  * token blocks, evicting in order policy (-1: kvt_options_init's). */
-static void replay(const req *reqs, size_t n, int policy, step *log) {
+static void replay(const ct_req *reqs, size_t n, int policy, step *log) {
   kvt_options o;
   kvt_options_init(&o);
   if (policy >= 0) o.hot_evict = (uint32_t)policy;
@@ -126,15 +93,15 @@ static void replay(const req *reqs, size_t n, int policy, step *log) {
  * whatever comes after T. */
 static void test_hot_no_future_leak(void **state) {
   (void)state;
-  static req a[N_REQ], b[N_REQ];
+  static ct_req a[N_REQ], b[N_REQ];
   static step la[N_REQ], lb[N_REQ];
-  make_trace(a, N_REQ, 1234);
+  ct_make_trace(a, N_REQ, 1234);
   memcpy(b, a, sizeof a);
   const size_t t = N_REQ / 2;
   uint64_t st = 99;
   for (size_t i = N_REQ - 1; i > t; i--) {
     size_t j = t + (size_t)(tu_rand_r(&st) % (i - t + 1));
-    req x = b[i];
+    ct_req x = b[i];
     b[i] = b[j];
     b[j] = x;
   }
@@ -170,9 +137,9 @@ static void test_hot_default_learned(void **state) {
   kvt_options o;
   kvt_options_init(&o);
   assert_int_equal(o.hot_evict, KVT_EVICT_LEARNED);
-  static req a[N_REQ];
+  static ct_req a[N_REQ];
   static step ld[N_REQ], ll[N_REQ], lr[N_REQ];
-  make_trace(a, N_REQ, 777);
+  ct_make_trace(a, N_REQ, 777);
   replay(a, N_REQ, -1, ld);
   replay(a, N_REQ, KVT_EVICT_LEARNED, ll);
   replay(a, N_REQ, KVT_EVICT_LRU, lr);
