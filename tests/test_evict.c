@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/mem.h"
+#include "tiers/cold_record.h"
 #include "tiers/evict.h"
 
 static kvt_key K(uint32_t i) {
@@ -328,6 +329,50 @@ static void test_live_cold_order(void **state) {
   assert_true(reach_chain + 2 * 6 >= rec_chain);
 }
 
+static void look(fixture *f, uint32_t id) {
+  kvt_key k = K(id);
+  assert_int_equal(kvt_evict_look(f->ev, &k), 1);
+}
+
+/* The learned model's clock: accesses it counted (its saved state). */
+static uint64_t model_clock(fixture *f) {
+  uint8_t st[KVT_EVICT_MODEL_MAX];
+  assert_true(kvt_evict_model_save(f->ev, st, sizeof st) > 24);
+  return kvt_le_get64(st + 16);
+}
+
+/* A lookup and the touch after it (the append, or the find, of the block
+ * it found) are one use for the learned model: counted twice, every hit
+ * would teach it a reuse at distance zero. Recency is still refreshed by
+ * the touch, in every order. */
+static void test_look_then_touch(void **state) {
+  (void)state;
+  fixture f;
+  open_ev(&f, KVT_EVICT_LEARNED);
+  add(&f, 1, -1);
+  assert_int_equal(model_clock(&f), 1);
+  look(&f, 1);
+  touch(&f, 1); /* the append after the lookup */
+  assert_int_equal(model_clock(&f), 2);
+  touch(&f, 1); /* a use of its own */
+  look(&f, 1);
+  look(&f, 1); /* two lookups: two uses */
+  touch(&f, 1);
+  assert_int_equal(model_clock(&f), 5);
+  close_ev(&f);
+  open_ev(&f, KVT_EVICT_LRU);
+  add(&f, 1, -1);
+  add(&f, 2, -1);
+  add(&f, 3, -1);
+  look(&f, 1);
+  look(&f, 2);
+  touch(&f, 1); /* after a lookup: recency refreshed all the same */
+  assert_int_equal(victim(&f, NULL, NULL), 3);
+  evict(&f, 3);
+  assert_int_equal(victim(&f, NULL, NULL), 2);
+  close_ev(&f);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -338,6 +383,7 @@ int main(void) {
       cmocka_unit_test(test_keep),
       cmocka_unit_test(test_chain_random_forest),
       cmocka_unit_test(test_live_cold_order),
+      cmocka_unit_test(test_look_then_touch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -155,7 +155,7 @@ int kvt_cold_find(kvt_cold *c, const kvt_key *key, kvt_cold_entry *e) {
   rc = cold_find_locked(c, t, key, e, NULL, 0);
   mdb_txn_abort(t);
   if (!rc && cold_seg_trouble(c, e->seg)) rc = KVT_ENOTFOUND; /* its file is gone: a miss */
-  if (!rc) cold_evict_touch(c, key); /* a lookup of it: a use */
+  if (!rc) cold_evict_touch(c, key, 0); /* a lookup of it: a use (once after a prefix lookup) */
   return rc;
 }
 
@@ -168,7 +168,7 @@ size_t kvt_cold_prefix(kvt_cold *c, const kvt_key *keys, size_t n) {
          !gone_has(c, &keys[i]))
     i++;
   mdb_txn_abort(t);
-  for (size_t k = 0; k < i; k++) cold_evict_touch(c, &keys[k]);
+  for (size_t k = 0; k < i; k++) cold_evict_touch(c, &keys[k], 1);
   return i;
 }
 /* ---------- removal, stats, verification ---------- */

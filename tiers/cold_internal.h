@@ -242,7 +242,7 @@ int cold_slice_ok(const uint8_t *p, const kvt_cold_entry *e, uint32_t layer, con
 void cold_evict_forget(kvt_cold *c, const kvt_key *key);
 int cold_evict_start(kvt_cold *c);
 void cold_evict_stop(kvt_cold *c);
-void cold_evict_touch(kvt_cold *c, const kvt_key *key);
+void cold_evict_touch(kvt_cold *c, const kvt_key *key, int look); /* look: a prefix lookup (kvt_evict_look) */
 void cold_evict_track(kvt_cold *c, const placed *pl, size_t n);
 int cold_fits(const kvt_cold *c, const uint64_t *sizes, size_t n, uint64_t reserve);
 

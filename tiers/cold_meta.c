@@ -83,7 +83,7 @@ int kvt_cold_meta_find(kvt_cold_meta *c, const kvt_key *key) {
 
 size_t kvt_cold_meta_prefix(kvt_cold_meta *c, const kvt_key *keys, size_t n) {
   size_t i = 0;
-  while (i < n && kvt_evict_touch(c->ev, &keys[i])) i++;
+  while (i < n && kvt_evict_look(c->ev, &keys[i])) i++;
   return i;
 }
 

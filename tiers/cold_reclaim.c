@@ -345,10 +345,11 @@ void cold_evict_stop(kvt_cold *c) {
   pthread_mutex_destroy(&c->ev_lock);
 }
 
-void cold_evict_touch(kvt_cold *c, const kvt_key *key) {
+void cold_evict_touch(kvt_cold *c, const kvt_key *key, int look) {
   if (!c->ev) return;
   pthread_mutex_lock(&c->ev_lock);
-  kvt_evict_touch(c->ev, key);
+  if (look) kvt_evict_look(c->ev, key);
+  else kvt_evict_touch(c->ev, key);
   pthread_mutex_unlock(&c->ev_lock);
 }
 

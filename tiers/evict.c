@@ -52,6 +52,7 @@ typedef struct ev_ent {
   int32_t heap_pos;            /* index in heap[!tail], -1 when not a leaf */
   uint8_t has_parent;
   uint8_t tail;                /* a tail as written: not used, no child since added */
+  uint8_t looked;              /* last used by a lookup (kvt_evict_look) */
   kvt_reuse_blk rb[];          /* LEARNED only: the block's history for the model */
 } ev_ent;
 
@@ -388,9 +389,13 @@ static void learned_access(kvt_evict *ev, ev_ent *e) {
   kvt_reuse_access(ev->model, e->rb);
 }
 
-static void use(kvt_evict *ev, ev_ent *e) {
+/* look: a lookup's use; a touch right after one is the same use (only
+ * its recency is refreshed, so LRU and CHAIN order as before). */
+static void use(kvt_evict *ev, ev_ent *e, int look) {
+  int again = e->looked && !look;
+  e->looked = (uint8_t)look;
   e->ord = e->tick = ++ev->tick;
-  if (learned(ev)) {
+  if (learned(ev) && !again) {
     kvt_guard_access(ev->guard, &e->key, 1, ev->count);
     learned_access(ev, e);
   }
@@ -461,7 +466,14 @@ int kvt_evict_load(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uin
 int kvt_evict_touch(kvt_evict *ev, const kvt_key *key) {
   ev_ent *e = find(ev, key);
   if (!e) return 0;
-  use(ev, e);
+  use(ev, e, 0);
+  return 1;
+}
+
+int kvt_evict_look(kvt_evict *ev, const kvt_key *key) {
+  ev_ent *e = find(ev, key);
+  if (!e) return 0;
+  use(ev, e, 1);
   return 1;
 }
 

@@ -50,6 +50,12 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
 int kvt_evict_load(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t bytes);
 /* A use of key: refreshes its recency. 1 when tracked, else 0. */
 int kvt_evict_touch(kvt_evict *ev, const kvt_key *key);
+/* A lookup's use of key (a prefix lookup): as kvt_evict_touch, and the
+ * touch that follows it (the append or find of the block the lookup
+ * found) refreshes recency only: a server looks a prompt up, then
+ * appends it, and that is one use, not two - counted twice, LEARNED's
+ * model would learn a reuse at distance zero from every hit. */
+int kvt_evict_look(kvt_evict *ev, const kvt_key *key);
 /* Is key tracked? No side effect. */
 int kvt_evict_has(const kvt_evict *ev, const kvt_key *key);
 /* Stop tracking key; *bytes (may be NULL) receives its size.
