@@ -104,6 +104,11 @@ static uint64_t seq_tokens(const kvt_seq *s) {
   return s->n_tokens > full ? s->n_tokens : full;
 }
 
+static uint32_t tier_at(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  const kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
+  return lb ? lb->tier : KVT_TIER_COLD;
+}
+
 static int retained_at(const kvt_seq *s, uint32_t block, uint32_t layer) {
   const kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
   return lb && lb->tier != KVT_TIER_COLD;
@@ -114,18 +119,6 @@ static const kvt_lpol lpol_full = {.scorer = KVT_SCORER_FULL, .share = 1.0};
 
 static const kvt_lpol *layer_pol(const kvt_seq *s, uint32_t layer) {
   return s->lp ? &s->lp[layer] : &lpol_full;
-}
-
-/* Count retained block lb (not cold) into o's kept and warm figures. */
-static void layer_bytes_add(const kvt_seq *s, const kvt_lblk *lb, bytes_memo *memo,
-                            kvt_policy_info *o) {
-  uint64_t bytes = block_bytes_memo(s->ns, lb, memo), bt = s->ns->desc.shape.block_tokens;
-  o->kept_tokens += bt;
-  o->kept_bytes += bytes;
-  if (lb->tier == KVT_TIER_WARM) {
-    o->warm_tokens += bt;
-    o->warm_bytes += bytes;
-  }
 }
 
 /* The byte figures of (s, layer) but its blocks' (kept and warm: the
@@ -149,36 +142,56 @@ static void layer_bytes_start(const kvt_seq *s, uint32_t layer, kvt_policy_info 
   o->demotions = lp->demotions;
 }
 
-static void *priv_of(const kvt_seq *s, uint32_t block, uint32_t layer);
-
-/* layer_bytes() and the retained blocks of (s, layer) listed in block
- * order in the ranking scratch, in one pass; returns how many. */
-static uint32_t layer_list(kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
-  uint32_t L = s->ns->desc.shape.n_layers, n = 0;
-  kvt_pblk *pb = s->scratch_pb;
+/* One pass over the layer's block slots: the byte figures of (s, layer)
+ * into o and, when pb is given, its retained blocks listed in block order
+ * (returns how many). The sequence's arrays are read into locals first:
+ * the list's stores could otherwise alias them, and every slot would
+ * reload them. Sums of integers, in any order the same. */
+static uint32_t layer_scan(const kvt_seq *s, uint32_t layer, kvt_policy_info *o, kvt_pblk *pb) {
+  const kvt_shape *sh = &s->ns->desc.shape;
+  uint32_t L = sh->n_layers, nb = s->n_blocks, n = 0;
+  kvt_lblk *const *lbs = s->lb + layer;
+  kvt_bstate *bs = s->bs + layer;
+  uint8_t *ss = s->ss;
+  size_t stride = s->ss_stride;
+  uint64_t bt = sh->block_tokens, hot_bytes = token_bytes(sh) * bt;
+  uint64_t kept = 0, kept_bytes = 0, warm = 0, warm_bytes = 0;
   bytes_memo memo = {.k_codec = -1, .v_codec = -1};
   layer_bytes_start(s, layer, o);
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
-    size_t at = (size_t)b * L + layer;
-    const kvt_lblk *lb = s->lb[at];
+  for (uint32_t b = 0; b < nb; b++) {
+    const kvt_lblk *lb = lbs[(size_t)b * L];
     if (!lb || lb->tier == KVT_TIER_COLD) continue;
-    layer_bytes_add(s, lb, &memo, o);
-    pb[n++] = (kvt_pblk){.block = b, .bs = &s->bs[at], .st = priv_of(s, b, layer)};
+    kept++;
+    if (lb->tier == KVT_TIER_WARM) {
+      uint64_t wb = block_bytes_memo(s->ns, lb, &memo);
+      warm++;
+      warm_bytes += wb;
+      kept_bytes += wb;
+    } else {
+      kept_bytes += hot_bytes;
+    }
+    if (!pb) continue;
+    size_t at = (size_t)b * L;
+    pb[n++] = (kvt_pblk){.block = b, .tier = lb->tier, .bs = &bs[at],
+                         .st = stride ? ss + (at + layer) * stride : NULL};
   }
+  o->kept_tokens += kept * bt;
+  o->kept_bytes += kept_bytes;
+  o->warm_tokens += warm * bt;
+  o->warm_bytes += warm_bytes;
   o->over = o->kept_bytes > o->budget_bytes;
   return n;
 }
 
+/* layer_bytes() and the retained blocks of (s, layer) listed in block
+ * order in the ranking scratch, in one pass; returns how many. */
+static uint32_t layer_list(kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
+  return layer_scan(s, layer, o, s->scratch_pb);
+}
+
 /* Fill the byte figures of (s, layer). */
 static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
-  uint32_t L = s->ns->desc.shape.n_layers;
-  layer_bytes_start(s, layer, o);
-  bytes_memo memo = {.k_codec = -1, .v_codec = -1};
-  for (uint32_t b = 0; b < s->n_blocks; b++) {
-    const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (lb && lb->tier != KVT_TIER_COLD) layer_bytes_add(s, lb, &memo, o);
-  }
-  o->over = o->kept_bytes > o->budget_bytes;
+  layer_scan(s, layer, o, NULL);
 }
 
 int64_t kvt_policy_room_locked(const kvt_seq *s, uint32_t layer) {
@@ -254,8 +267,8 @@ static size_t rank_layer(kvt_seq *s, uint32_t layer, const kvt_scorer *sc) {
   kvt_pblk *pb = s->scratch_pb;
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     if (!retained_at(s, b, layer)) continue;
-    pb[n++] = (kvt_pblk){.block = b, .bs = &s->bs[(size_t)b * L + layer],
-                         .st = priv_of(s, b, layer)};
+    pb[n++] = (kvt_pblk){.block = b, .tier = tier_at(s, b, layer),
+                         .bs = &s->bs[(size_t)b * L + layer], .st = priv_of(s, b, layer)};
   }
   return rank_listed(s, layer, sc, n);
 }
@@ -271,7 +284,8 @@ static size_t rank_listed(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, uint
   size_t m = 0;
   for (uint32_t i = 0; i < n; i++)
     if (evictable(s, pb[i].block, layer))
-      cd[m++] = (cand){.score = isnan(score[i]) ? -INFINITY : score[i], .block = pb[i].block};
+      cd[m++] = (cand){.score = isnan(score[i]) ? -INFINITY : score[i], .block = pb[i].block,
+                       .pad = pb[i].tier};
   return m;
 }
 
@@ -363,11 +377,6 @@ static uint64_t tier_moves(const kvt_engine *e) {
   return n;
 }
 
-static uint32_t tier_at(const kvt_seq *s, uint32_t block, uint32_t layer) {
-  const kvt_lblk *lb = s->lb[(size_t)block * s->ns->desc.shape.n_layers + layer];
-  return lb ? lb->tier : KVT_TIER_COLD;
-}
-
 static void view_read(const kvt_seq *s, uint32_t layer, cand *cd, size_t m, tview *v) {
   layer_bytes(s, layer, &v->o);
   for (size_t i = 0; i < m; i++) cd[i].pad = tier_at(s, cd[i].block, layer);
@@ -424,14 +433,29 @@ static void view_after(const kvt_seq *s, uint32_t layer, cand *c, uint32_t to, u
  * scan of the view. */
 static void cand_picks(const cand *cd, size_t m, ptrdiff_t *low, ptrdiff_t *low_hot,
                        ptrdiff_t *top) {
+  /* cand_cmp() unrolled, the picks' score and block kept at hand */
+  double ls = 0, hs = 0, ts = 0;
+  uint32_t lb = 0, hb = 0, tb = 0;
   *low = *low_hot = *top = -1;
   for (size_t i = 0; i < m; i++) {
-    uint32_t t = cd[i].pad;
+    uint32_t t = cd[i].pad, b = cd[i].block;
+    double x = cd[i].score;
     if (t == KVT_TIER_COLD) continue;
-    if (*low < 0 || cand_cmp(&cd[i], &cd[*low]) < 0) *low = (ptrdiff_t)i;
-    if (t == KVT_TIER_HOT && (*low_hot < 0 || cand_cmp(&cd[i], &cd[*low_hot]) < 0))
+    if (*low < 0 || x < ls || (x == ls && b < lb)) {
+      *low = (ptrdiff_t)i;
+      ls = x;
+      lb = b;
+    }
+    if (t == KVT_TIER_HOT && (*low_hot < 0 || x < hs || (x == hs && b < hb))) {
       *low_hot = (ptrdiff_t)i;
-    if (t == KVT_TIER_WARM && (*top < 0 || cand_cmp(&cd[i], &cd[*top]) > 0)) *top = (ptrdiff_t)i;
+      hs = x;
+      hb = b;
+    }
+    if (t == KVT_TIER_WARM && (*top < 0 || x > ts || (x == ts && b > tb))) {
+      *top = (ptrdiff_t)i;
+      ts = x;
+      tb = b;
+    }
   }
 }
 
@@ -544,9 +568,8 @@ static void tiers_known(kvt_seq *s, uint32_t layer, const kvt_scorer *sc, int al
   int promoted = 0;
   tview v = {.memo = {.k_codec = -1, .v_codec = -1}};
   cand *cd = (cand *)s->scratch_cand;
-  if (known) { /* view_read() with the bytes counted */
+  if (known) { /* view_read() with the bytes counted and the tiers listed */
     v.o = *known;
-    for (size_t i = 0; i < m; i++) cd[i].pad = tier_at(s, cd[i].block, layer);
     v.moves = tier_moves(s->e);
   } else {
     view_read(s, layer, cd, m, &v);

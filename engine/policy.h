@@ -57,6 +57,7 @@ typedef struct kvt_pctx {
  * n_tokens - (block + 1) * block_tokens. */
 typedef struct kvt_pblk {
   uint32_t block;             /* index in the sequence */
+  uint32_t tier;              /* the framework's: the block's tier when listed */
   const kvt_bstate *bs;
   void *st;                   /* the scorer's private state (state_bytes) */
 } kvt_pblk;

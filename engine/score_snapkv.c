@@ -8,6 +8,7 @@
 
 #define SNAP_W 8u              /* observations averaged */
 #define SNAP_POOL_TOKENS 3u    /* pooling half-width in tokens (SnapKV's kernel of 7) */
+#define SNAP_RING 128u         /* the pooling's ring of raw means; radius at most half */
 
 typedef struct snap_st {
   float ring[SNAP_W];          /* the last SNAP_W masses */
@@ -34,16 +35,17 @@ static void score_snapkv(const kvt_pctx *c, const kvt_pblk *b, size_t n, double 
   for (size_t i = 0; i < n; i++) out[i] = window_mean(b[i].st);
   if (!radius) return;
   /* max-pool over blocks within radius (by block index), in place: scan
-   * with the raw means kept aside in a small sliding pass */
-  double prev[2 * 64 + 1];
-  if (radius > 64) radius = 64;
+   * with the raw means kept aside in a small ring (a power of two above
+   * the radius: the blocks behind within it are the ring's last) */
+  double prev[SNAP_RING];
+  if (radius > SNAP_RING / 2) radius = SNAP_RING / 2;
   for (size_t i = 0; i < n; i++) {
     double best = out[i];
     for (size_t j = i; j-- > 0 && b[i].block - b[j].block <= radius;)
-      if (prev[j % (2 * 64 + 1)] > best) best = prev[j % (2 * 64 + 1)];
+      if (prev[j & (SNAP_RING - 1)] > best) best = prev[j & (SNAP_RING - 1)];
     for (size_t j = i + 1; j < n && b[j].block - b[i].block <= radius; j++)
       if (out[j] > best) best = out[j];
-    prev[i % (2 * 64 + 1)] = out[i];
+    prev[i & (SNAP_RING - 1)] = out[i];
     out[i] = best;
   }
 }
