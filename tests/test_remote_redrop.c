@@ -7,6 +7,7 @@
  * redis-server. */
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -59,11 +60,22 @@ static int handed_over(window *w) {
   return pending == (w->diskless ? kvt_remote_test_queued(w->r) : 0);
 }
 
+/* The namespace's count of indexed blocks waiting for its drop. */
+static uint64_t drop_waits(window *w) {
+  pthread_mutex_lock(&w->e->lock);
+  uint64_t n = kvt_ns_find(w->e, w->ns)->drop_waits;
+  pthread_mutex_unlock(&w->e->lock);
+  return n;
+}
+
 /* In the drop's window (its index work done, its store removals not yet):
- * the first CUT blocks put again and handed over as far as they go. */
+ * the first CUT blocks put again and handed over as far as they go; each
+ * waits for the drop, and is counted once (drop_done scans for them). */
 static void put_in_window(void *arg) {
   window *w = arg;
+  assert_int_equal(drop_waits(w), 0);
   rfx_put(w->e, w->ns, &w->sh, w->salt, w->tok, CUT, 0);
+  assert_int_equal(drop_waits(w), CUT);
   for (int i = 0; i < 100000 && !handed_over(w); i++) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
@@ -101,6 +113,7 @@ static void put_during_drop(uint64_t cold) {
   assert_int_equal(kvt_drop_prefix(w.e, w.ns, tok, CUT * 4, &dropped), 0);
   w.e->test_drop_window = NULL;
   assert_true(w.ran);
+  assert_int_equal(drop_waits(&w), 0); /* all found and written */
   kvt_remote_test_hold(w.r, 0, NULL, NULL);
   assert_int_equal(kvt_sync(w.e), 0);
   kvt_remote_drain(w.r); /* with a local tier the cluster's copy is best effort: let it go */
