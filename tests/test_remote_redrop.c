@@ -23,24 +23,6 @@
 
 static char g_url[128];
 
-/* How many of keys[0..nk) (nk <= NB) the cluster holds (EXISTS, own client). */
-static int in_cluster_n(const kvt_key *keys, int nk) {
-  kvt_rc_config cfg = {.url = g_url, .deadline_ms = 20000, .command_timeout_ms = 10000};
-  kvt_rc *rc;
-  assert_int_equal(kvt_rc_open(&cfg, &rc, NULL, 0), 0);
-  kvt_rc_cmd c[NB];
-  char k[NB][KVT_REMOTE_KEY_MAX];
-  memset(c, 0, sizeof c);
-  for (int i = 0; i < nk; i++)
-    c[i] = (kvt_rc_cmd){.op = KVT_RC_EXISTS, .key = k[i], .key_len = kvt_remote_block_key(&keys[i], k[i])};
-  assert_int_equal(kvt_rc_exec(rc, c, (size_t)nk), 0);
-  int n = 0;
-  for (int i = 0; i < nk; i++) n += c[i].status == KVT_RC_OK && c[i].n == 1;
-  kvt_rc_release(c, (size_t)nk);
-  kvt_rc_close(rc);
-  return n;
-}
-
 typedef struct window {
   kvt_engine *e;
   kvt_remote *r;
@@ -105,7 +87,7 @@ static void put_during_drop(uint64_t cold) {
   kvt_key keys[NB];
   size_t nk = 0;
   assert_int_equal(kvt_keys(w.e, w.ns, tok, NB * 4, keys, NB, &nk), 0);
-  assert_int_equal(in_cluster_n(keys, NB), NB);
+  assert_int_equal(rfx_in_cluster(g_url, keys, NB), NB);
   kvt_remote_test_hold(w.r, 1, NULL, NULL);
   w.e->test_drop_window = put_in_window;
   w.e->test_drop_arg = &w;
@@ -117,8 +99,8 @@ static void put_during_drop(uint64_t cold) {
   kvt_remote_test_hold(w.r, 0, NULL, NULL);
   assert_int_equal(kvt_sync(w.e), 0);
   kvt_remote_drain(w.r); /* with a local tier the cluster's copy is best effort: let it go */
-  assert_int_equal(in_cluster_n(keys, CUT), CUT);           /* put again: stored */
-  assert_int_equal(in_cluster_n(keys + CUT, NB - CUT), 0); /* what extended the cut: dropped */
+  assert_int_equal(rfx_in_cluster(g_url, keys, CUT), CUT);           /* put again: stored */
+  assert_int_equal(rfx_in_cluster(g_url, keys + CUT, NB - CUT), 0); /* what extended the cut: dropped */
   kvt_engine_close(w.e);
   kvt_engine *e = rfx_open(d, g_url, cold, 20000);
   kvt_ns_id ns = tu_register(e, model, &w.sh);
@@ -178,7 +160,7 @@ static void test_cancelled_counted(void **state) {
   size_t nk = 0;
   assert_int_equal(kvt_keys(w.e, w.ns, tok, NB * 4, keys, NB, &nk), 0);
   assert_int_equal(kvt_sync(w.e), 0);
-  assert_int_equal(in_cluster_n(keys, NB), 0);
+  assert_int_equal(rfx_in_cluster(g_url, keys, NB), 0);
   kvt_engine_close(w.e);
   tu_rmtree(d);
 }
