@@ -47,6 +47,7 @@ void kvt_index_insert(kvt_engine *e, kvt_tblk *tb) {
   tb->hnext = e->buckets[h];
   e->buckets[h] = tb;
   tb->indexed = 1;
+  if (tb->drop_wait) tb->ns->drop_waits++;
 }
 
 void kvt_index_remove(kvt_engine *e, kvt_tblk *tb) {
@@ -57,6 +58,7 @@ void kvt_index_remove(kvt_engine *e, kvt_tblk *tb) {
   *pp = tb->hnext;
   tb->hnext = NULL;
   tb->indexed = 0;
+  if (tb->drop_wait) tb->ns->drop_waits--;
 }
 
 static size_t tblk_size(uint32_t n_layers) {

@@ -136,16 +136,19 @@ static int descendants(kvt_engine *e, kvt_tblk *last, kvt_tblk ***out, size_t *n
 /* A prefix drop's store removals are done, with the lock held: blocks of
  * its namespace met meanwhile (put again, kvt_flush_consider held them
  * back) are looked up in the store anew - another writer may have stored
- * one since - and written if it has not. */
+ * one since - and written if it has not. The index is scanned only while
+ * some of them are left to find (ns->drop_waits): a drop nothing was put
+ * into meanwhile, the common case, does not scan it. */
 static void drop_done(kvt_engine *e, kvt_ns_id id) {
   kvt_nsrec *ns = kvt_ns_find(e, id);
   e->drops--;
   pthread_cond_broadcast(&e->flushed); /* kvt_sync waits for drops */
   if (!ns || --ns->dropping) return;
-  for (size_t i = 0; i < e->n_buckets; i++)
+  for (size_t i = 0; i < e->n_buckets && ns->drop_waits; i++)
     for (kvt_tblk *tb = e->buckets[i]; tb; tb = tb->hnext)
       if (tb->ns == ns && tb->drop_wait) {
         tb->drop_wait = 0;
+        ns->drop_waits--;
         if (!tb->cold && !tb->queued) tb->cold = (uint8_t)kvt_flush_has_locked(e, &tb->key);
         kvt_flush_consider(e, tb);
       }

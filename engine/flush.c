@@ -74,7 +74,7 @@ void kvt_flush_consider(kvt_engine *e, kvt_tblk *tb) {
     /* A prefix drop is removing blocks from the store (kvt_drop_prefix):
      * written now, this block could be removed (or its write cancelled)
      * after it is counted durable. It goes once the drop is done. */
-    tb->drop_wait = 1;
+    kvt_tblk_drop_wait(tb);
     return;
   }
   if (kvt_store_caps(e->store) & KVT_STORE_INLINE) {

@@ -41,6 +41,9 @@ typedef struct kvt_nsrec {
   uint32_t dropping;          /* prefix drops removing blocks from the store now,
                                  the lock let go (kvt_drop_prefix): its blocks
                                  wait to be written, none is taken as durable */
+  uint64_t drop_waits;        /* its indexed token blocks with drop_wait set: what
+                                 the end of its last drop has to look at (0: no
+                                 scan of the index) */
 } kvt_nsrec;
 
 typedef struct kvt_tblk {
@@ -196,6 +199,13 @@ void kvt_index_remove(kvt_engine *e, kvt_tblk *tb);
 kvt_tblk *kvt_tblk_alloc(kvt_engine *e, kvt_nsrec *ns, const kvt_key *key,
                          const kvt_key *parent, uint32_t pos);
 void kvt_tblk_maybe_free(kvt_engine *e, kvt_tblk *tb);
+/* tb waits for its namespace's prefix drop (kvt_drop_prefix) before it
+ * is written or taken as durable; counted in ns->drop_waits while indexed. */
+static inline void kvt_tblk_drop_wait(kvt_tblk *tb) {
+  if (tb->drop_wait) return;
+  tb->drop_wait = 1;
+  if (tb->indexed) tb->ns->drop_waits++;
+}
 void kvt_lblk_ref(kvt_engine *e, kvt_lblk *b);
 void kvt_lblk_unref(kvt_engine *e, kvt_lblk *b);
 void kvt_lblk_pin(kvt_engine *e, kvt_lblk *b);

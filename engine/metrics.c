@@ -183,6 +183,10 @@ static void render_cold(metrics_out *o, const metrics_snap *m) {
       st->cold_reclaims);
   one(o, "kvtier_cold_relocated_total", "counter",
       "Referenced blocks written again out of reclaimed segments.", st->cold_relocated);
+  one(o, "kvtier_cold_admission_declines_total", "counter",
+      "Token blocks complete and admissible that the cold tier's own admission declined to "
+      "write (KVT_EVICT_LEARNED on a full tier: the model predicts them unused).",
+      m->tc.cold_declined);
   histogram(o, "kvtier_cold_read_seconds",
             "One read of a segment file, submitted to completed (a layer slice, or adjacent "
             "small slices read together).", &m->h_read);

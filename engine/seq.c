@@ -242,7 +242,7 @@ static kvt_tblk *tblk_get(kvt_engine *e, kvt_seq *s, const kvt_key *key, kvt_tbl
   if (tb || !*spare) return tb;
   tb = *spare;
   *spare = NULL;
-  if (tb->ns->dropping) tb->drop_wait = 1; /* the store may hold what the drop removes next */
+  if (tb->ns->dropping) kvt_tblk_drop_wait(tb); /* the store may hold what the drop removes next */
   else tb->cold = (uint8_t)kvt_flush_has_locked(e, key); /* durable from an earlier run, or another path */
   kvt_index_insert(e, tb);
   e->n_tblks++;

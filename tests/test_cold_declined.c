@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "conv_trace.h"
 #include "tiers/cold.h"
 
 #define N_REQ 1600
@@ -29,20 +30,7 @@ static void request(kvt_engine *e, kvt_ns_id ns, uint64_t *st, uint64_t *next_id
     tok[i * BT] = i == 0 ? 1 : (uint32_t)(base * 64 + i);
     tok[i * BT + 1] = again ? 7 : 9;
   }
-  kvt_seq *q;
-  assert_int_equal(kvt_seq_create(e, ns, &q), 0);
-  kvt_kv kv = {.dtype = SHAPE.dtype, .n_tokens = BT, .n_heads = SHAPE.n_kv_heads,
-               .head_dim = SHAPE.head_dim};
-  for (uint32_t i = 0; i < n; i++) {
-    kvt_append_info info;
-    assert_int_equal(kvt_seq_append(q, tok + i * BT, BT, &info), 0);
-    if (info.durable || info.layers_present == SHAPE.n_layers) continue;
-    for (uint32_t l = 0; l < SHAPE.n_layers; l++) {
-      int rc = kvt_seq_put(q, i, l, &kv);
-      if (rc != KVT_EFULL) assert_int_equal(rc, 0);
-    }
-  }
-  kvt_seq_release(q);
+  ct_append_put(e, ns, &SHAPE, tok, n, 1);
 }
 
 /* The cold tier's declines after a replay under policy. */

@@ -20,12 +20,6 @@
 static const kvt_shape SHAPE = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
                                 .dtype = KVT_F16, .block_tokens = BT};
 
-/* What a request saw and left: its hit, then the hot tier's layer blocks
- * and evictions after it. */
-typedef struct step {
-  uint64_t found, blocks, evictions;
-} step;
-
 /* The order holds exactly the indexed token blocks with a hot layer. */
 static void check_tracked(kvt_engine *e) {
   uint64_t with_hot = 0;
@@ -44,35 +38,19 @@ static void check_tracked(kvt_engine *e) {
 
 /* One request as kvtier plan replays it: look up the leading run, then
  * append every block and put those no tier had. */
-static void run_request(kvt_engine *e, kvt_ns_id ns, const ct_req *r, step *out) {
+static void run_request(kvt_engine *e, kvt_ns_id ns, const ct_req *r, ct_step *out) {
   static uint32_t tok[CT_MAX_BLK * BT];
-  memset(tok, 0, sizeof tok);
-  for (uint32_t i = 0; i < r->n; i++) {
-    tok[i * BT] = (uint32_t)r->id[i];
-    tok[i * BT + 1] = (uint32_t)(r->id[i] >> 32);
-  }
-  kvt_lookup_entry ent[CT_MAX_BLK];
-  size_t found = 0;
-  assert_int_equal(kvt_lookup(e, ns, tok, (size_t)r->n * BT, ent, r->n, &found), 0);
-  kvt_seq *q;
-  assert_int_equal(kvt_seq_create(e, ns, &q), 0);
-  kvt_kv kv = {.dtype = SHAPE.dtype, .n_tokens = BT, .n_heads = SHAPE.n_kv_heads,
-               .head_dim = SHAPE.head_dim};
-  for (uint32_t i = 0; i < r->n; i++) {
-    kvt_append_info info;
-    assert_int_equal(kvt_seq_append(q, tok + i * BT, BT, &info), 0);
-    if (info.layers_present == SHAPE.n_layers) continue;
-    for (uint32_t l = 0; l < SHAPE.n_layers; l++) assert_int_equal(kvt_seq_put(q, i, l, &kv), 0);
-  }
-  kvt_seq_release(q);
+  ct_tokens(r, BT, tok);
+  size_t found = ct_lookup(e, ns, r, BT, tok);
+  ct_append_put(e, ns, &SHAPE, tok, r->n, 0); /* the hot tier evicts: every put fits */
   kvt_stats st;
   tu_stats(e, &st);
-  *out = (step){found, st.tier_blocks[KVT_TIER_HOT], st.evictions[KVT_TIER_HOT]};
+  *out = (ct_step){found, st.tier_blocks[KVT_TIER_HOT], st.evictions[KVT_TIER_HOT]};
 }
 
 /* Replay through a metadata-only engine with only a hot tier, of CAP
  * token blocks, evicting in order policy (-1: kvt_options_init's). */
-static void replay(const ct_req *reqs, size_t n, int policy, step *log) {
+static void replay(const ct_req *reqs, size_t n, int policy, ct_step *log) {
   kvt_options o;
   kvt_options_init(&o);
   if (policy >= 0) o.hot_evict = (uint32_t)policy;
@@ -89,41 +67,18 @@ static void replay(const ct_req *reqs, size_t n, int policy, step *log) {
   kvt_engine_close(e);
 }
 
+static void replay_default(const ct_req *reqs, size_t n, ct_step *log) {
+  replay(reqs, n, -1, log);
+}
+
 /* Every hit, block count and eviction count before T is the same
  * whatever comes after T. */
 static void test_hot_no_future_leak(void **state) {
   (void)state;
-  static ct_req a[N_REQ], b[N_REQ];
-  static step la[N_REQ], lb[N_REQ];
-  ct_make_trace(a, N_REQ, 1234);
-  memcpy(b, a, sizeof a);
-  const size_t t = N_REQ / 2;
-  uint64_t st = 99;
-  for (size_t i = N_REQ - 1; i > t; i--) {
-    size_t j = t + (size_t)(tu_rand_r(&st) % (i - t + 1));
-    ct_req x = b[i];
-    b[i] = b[j];
-    b[j] = x;
-  }
-  replay(a, N_REQ, -1, la);
-  replay(b, N_REQ, -1, lb);
-  uint64_t hits = 0;
-  for (size_t i = 0; i < t; i++) hits += la[i].found;
-  fprintf(stderr, "before T: %llu block hits, %llu hot blocks, %llu evictions\n",
-          (unsigned long long)hits, (unsigned long long)la[t - 1].blocks,
-          (unsigned long long)la[t - 1].evictions);
-  /* The tier filled and evicted before T, and requests hit it. */
-  assert_true(hits > 200 && la[t - 1].evictions > 200);
-  for (size_t i = 0; i < t; i++)
-    if (memcmp(&la[i], &lb[i], sizeof la[i]))
-      fail_msg("request %zu of %zu before T: found %llu/%llu blocks %llu/%llu", i, t,
-               (unsigned long long)la[i].found, (unsigned long long)lb[i].found,
-               (unsigned long long)la[i].blocks, (unsigned long long)lb[i].blocks);
-  /* The shuffle changed what came after T: the test can see a difference. */
-  assert_true(memcmp(la + t, lb + t, (N_REQ - t) * sizeof *la) != 0);
+  ct_no_future_leak(replay_default, N_REQ, "hot blocks");
 }
 
-static uint64_t total_hits(const step *log, size_t n) {
+static uint64_t total_hits(const ct_step *log, size_t n) {
   uint64_t h = 0;
   for (size_t i = 0; i < n; i++) h += log[i].found;
   return h;
@@ -138,7 +93,7 @@ static void test_hot_default_learned(void **state) {
   kvt_options_init(&o);
   assert_int_equal(o.hot_evict, KVT_EVICT_LEARNED);
   static ct_req a[N_REQ];
-  static step ld[N_REQ], ll[N_REQ], lr[N_REQ];
+  static ct_step ld[N_REQ], ll[N_REQ], lr[N_REQ];
   ct_make_trace(a, N_REQ, 777);
   replay(a, N_REQ, -1, ld);
   replay(a, N_REQ, KVT_EVICT_LEARNED, ll);

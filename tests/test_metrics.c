@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "conv_trace.h"
 #include "prom_check.h"
 
 #define N_BLOCKS 6u
@@ -231,6 +232,46 @@ static void test_stat_on_demo_store(void **state) {
   tu_rmtree(dir);
 }
 
+/* The cold tier's admission declines: a metadata-only engine under the
+ * learned order, its cold tier full at 100 token blocks, replays the
+ * conversation trace; the counter is kvt_tier_stats.declined, and some
+ * writes were declined. */
+static void test_admission_declines(void **state) {
+  (void)state;
+  static const kvt_shape sh = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
+                               .dtype = KVT_F16, .block_tokens = 16};
+  kvt_options o;
+  kvt_options_init(&o);
+  o.flags = KVT_OPEN_METADATA_ONLY;
+  o.cold_evict = KVT_EVICT_LEARNED;
+  o.tier_bytes_limit[KVT_TIER_HOT] = 1; /* below one block: all goes to the cold tier */
+  o.tier_bytes_limit[KVT_TIER_COLD] = 100 * kvt_cold_record_bytes(&sh);
+  kvt_engine *e = tu_open(NULL, &o);
+  kvt_ns_id ns = tu_register(e, "declines", &sh);
+  char *t0 = render(e);
+  assert_true(metric(t0, "kvtier_cold_admission_declines_total") == 0);
+  free(t0);
+  static ct_req reqs[800];
+  static uint32_t tok[CT_MAX_BLK * 16];
+  ct_make_trace(reqs, 800, 31);
+  for (size_t i = 0; i < 800; i++) {
+    ct_tokens(&reqs[i], sh.block_tokens, tok);
+    ct_append_put(e, ns, &sh, tok, reqs[i].n, 1);
+  }
+  kvt_tier_stats ts;
+  assert_int_equal(kvt_stats_tier(e, KVT_TIER_COLD, &ts, sizeof ts), 0);
+  char *t1 = render(e);
+  assert_valid(t1);
+  promtool_passes(t1);
+  double d = metric(t1, "kvtier_cold_admission_declines_total");
+  print_message("admission declines %.0f (kvt_tier_stats %llu)\n", d,
+                (unsigned long long)ts.declined);
+  assert_true(ts.declined > 0);
+  assert_true(d == (double)ts.declined);
+  free(t1);
+  kvt_engine_close(e);
+}
+
 /* The checker is only worth something if it refuses what is broken. */
 static void test_checker_refuses(void **state) {
   (void)state;
@@ -275,6 +316,7 @@ int main(void) {
       cmocka_unit_test(test_buffer_contract),
       cmocka_unit_test(test_render_live),
       cmocka_unit_test(test_stat_on_demo_store),
+      cmocka_unit_test(test_admission_declines),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

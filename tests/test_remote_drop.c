@@ -54,30 +54,9 @@ static void put_chain(kvt_engine *e, kvt_ns_id ns, const chain *c, const uint32_
   rfx_put(e, ns, &c->sh, c->salt, tok, NB, 0);
 }
 
-/* How many of keys[0..nk) (nk <= NB) the cluster holds (EXISTS, own client). */
-static int in_cluster_n(const kvt_key *keys, int nk) {
-  kvt_rc_config cfg = {.url = g_url, .deadline_ms = 20000, .command_timeout_ms = 10000};
-  kvt_rc *rc;
-  assert_int_equal(kvt_rc_open(&cfg, &rc, NULL, 0), 0);
-  kvt_rc_cmd c[NB];
-  char k[NB][KVT_REMOTE_KEY_MAX];
-  memset(c, 0, sizeof c);
-  for (int i = 0; i < nk; i++)
-    c[i] = (kvt_rc_cmd){.op = KVT_RC_EXISTS, .key = k[i], .key_len = kvt_remote_block_key(&keys[i], k[i])};
-  assert_int_equal(kvt_rc_exec(rc, c, (size_t)nk), 0);
-  int n = 0;
-  for (int i = 0; i < nk; i++) {
-    assert_int_equal(c[i].status, KVT_RC_OK);
-    n += c[i].n == 1;
-  }
-  kvt_rc_release(c, (size_t)nk);
-  kvt_rc_close(rc);
-  return n;
-}
-
 /* How many of the chain's blocks the cluster holds. */
 static int in_cluster(const kvt_key *keys) {
-  return in_cluster_n(keys, NB);
+  return rfx_in_cluster(g_url, keys, NB);
 }
 
 static void keys_of(kvt_engine *e, kvt_ns_id ns, const uint32_t *tok, kvt_key *keys) {
@@ -153,15 +132,6 @@ static uint32_t probe_ns_of(void *arg, const kvt_key *seed) {
   return 5;
 }
 
-static kvt_key key_rand(void) {
-  kvt_key k;
-  for (int i = 0; i < 2; i++) {
-    uint64_t x = tu_rand();
-    memcpy(k.b + 8 * i, &x, 8);
-  }
-  return k;
-}
-
 /* A block only the cluster has, read through a store with a local cold
  * tier: the copy written locally is admitted under the namespace the
  * owner names for the record's seed (before: namespace 0, unasked). */
@@ -175,7 +145,7 @@ static void test_copy_namespace(void **state) {
     for (size_t i = 0; i < 2 * EACH; i++) kv[l][i] = (uint8_t)tu_rand();
     ptr[l] = kv[l];
   }
-  kvt_store_rec rec = {.key = key_rand(), .parent = key_rand(), .ns_seed = key_rand(), .pos = 0,
+  kvt_store_rec rec = {.key = rfx_key(0), .parent = rfx_key(0), .ns_seed = rfx_key(0), .pos = 0,
                        .n_layers = NL, .dtype = KVT_F16, .bytes_each = EACH, .layers = ptr};
   /* a diskless writer puts it in the cluster */
   kvt_store *w = NULL;
@@ -245,8 +215,8 @@ static void q_open(qcase *q, int hold) {
   }
   kvt_store_rec recs[NQ];
   for (int i = 0; i < NQ; i++) {
-    q->keys[i] = key_rand();
-    recs[i] = (kvt_store_rec){.key = q->keys[i], .parent = key_rand(), .ns_seed = key_rand(),
+    q->keys[i] = rfx_key(0);
+    recs[i] = (kvt_store_rec){.key = q->keys[i], .parent = rfx_key(0), .ns_seed = rfx_key(0),
                               .pos = (uint32_t)i, .n_layers = NL, .dtype = KVT_F16,
                               .bytes_each = 512, .layers = ptr};
   }
@@ -258,7 +228,7 @@ static void q_open(qcase *q, int hold) {
 static void q_close(qcase *q) {
   kvt_remote_test_hold(q->r, 0, NULL, NULL);
   kvt_remote_drain(q->r);
-  assert_int_equal(in_cluster_n(q->keys, NQ), 0); /* no SET after the DEL */
+  assert_int_equal(rfx_in_cluster(g_url, q->keys, NQ), 0); /* no SET after the DEL */
   assert_int_equal(q->settled + q->settled_bad, NQ);
   kvt_remote_close(q->r);
   assert_int_equal(kvt_mem_total(&q->m), 0);

@@ -24,15 +24,6 @@
 static char g_url[128];
 static uint64_t g_run; /* keys unique to this run: a cluster may outlive it */
 
-static kvt_key key_rand(void) {
-  kvt_key k;
-  for (int i = 0; i < 2; i++) {
-    uint64_t x = tu_rand() ^ g_run;
-    memcpy(k.b + 8 * i, &x, 8);
-  }
-  return k;
-}
-
 static kvt_store *store_open(kvt_mem *m) {
   kvt_store *s = NULL;
   kvt_store_config c = {.remote_url = g_url, .remote_deadline_ms = 20000};
@@ -60,13 +51,13 @@ static void test_find_asks_nothing(void **state) {
   kvt_store_rec recs[NB];
   kvt_key keys[NB];
   for (uint32_t i = 0; i < NB; i++) {
-    keys[i] = key_rand();
+    keys[i] = rfx_key(g_run);
     for (uint32_t l = 0; l < NL; l++) {
       for (size_t j = 0; j < 2 * EACH; j++) kv[i][l][j] = (uint8_t)tu_rand();
       ptr[i][l] = kv[i][l];
     }
-    recs[i] = (kvt_store_rec){.key = keys[i], .parent = i ? keys[i - 1] : key_rand(),
-                              .ns_seed = key_rand(), .pos = i, .n_layers = NL,
+    recs[i] = (kvt_store_rec){.key = keys[i], .parent = i ? keys[i - 1] : rfx_key(g_run),
+                              .ns_seed = rfx_key(g_run), .pos = i, .n_layers = NL,
                               .dtype = KVT_F16, .bytes_each = EACH, .layers = ptr[i]};
   }
   size_t posted = 0;
@@ -97,19 +88,8 @@ static void test_find_asks_nothing(void **state) {
   assert_int_equal(n.write_exists, NB - 1);
   assert_int_equal(n.writes, 1);
   assert_int_equal(n.write_failures, 0);
-  static uint8_t k[EACH], v[EACH];
-  for (uint32_t i = 0; i < NB; i++)
-    for (uint32_t l = 0; l < NL; l++) {
-      assert_int_equal(kvt_store_read_layer(a, &keys[i], l, k, v, EACH), 0);
-      assert_memory_equal(k, kv[i][l], EACH);
-      assert_memory_equal(v, kv[i][l] + EACH, EACH);
-    }
-  kvt_store_close(a);
-  kvt_store_close(b);
-  assert_int_equal(kvt_mem_total(&m1), 0);
-  assert_int_equal(kvt_mem_total(&m2), 0);
-  kvt_mem_fini(&m1);
-  kvt_mem_fini(&m2);
+  for (uint32_t i = 0; i < NB; i++) rfx_assert_layers(a, &keys[i], ptr[i], NL, EACH);
+  rfx_close_stores(a, &m1, b, &m2);
 }
 
 /* Engines: a block another engine stored, appended without a lookup, is

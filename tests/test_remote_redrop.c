@@ -7,6 +7,7 @@
  * redis-server. */
 #include "testutil.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -21,24 +22,6 @@
 #define CUT 3 /* the drop names the first CUT blocks; they are put again */
 
 static char g_url[128];
-
-/* How many of keys[0..nk) (nk <= NB) the cluster holds (EXISTS, own client). */
-static int in_cluster_n(const kvt_key *keys, int nk) {
-  kvt_rc_config cfg = {.url = g_url, .deadline_ms = 20000, .command_timeout_ms = 10000};
-  kvt_rc *rc;
-  assert_int_equal(kvt_rc_open(&cfg, &rc, NULL, 0), 0);
-  kvt_rc_cmd c[NB];
-  char k[NB][KVT_REMOTE_KEY_MAX];
-  memset(c, 0, sizeof c);
-  for (int i = 0; i < nk; i++)
-    c[i] = (kvt_rc_cmd){.op = KVT_RC_EXISTS, .key = k[i], .key_len = kvt_remote_block_key(&keys[i], k[i])};
-  assert_int_equal(kvt_rc_exec(rc, c, (size_t)nk), 0);
-  int n = 0;
-  for (int i = 0; i < nk; i++) n += c[i].status == KVT_RC_OK && c[i].n == 1;
-  kvt_rc_release(c, (size_t)nk);
-  kvt_rc_close(rc);
-  return n;
-}
 
 typedef struct window {
   kvt_engine *e;
@@ -59,11 +42,22 @@ static int handed_over(window *w) {
   return pending == (w->diskless ? kvt_remote_test_queued(w->r) : 0);
 }
 
+/* The namespace's count of indexed blocks waiting for its drop. */
+static uint64_t drop_waits(window *w) {
+  pthread_mutex_lock(&w->e->lock);
+  uint64_t n = kvt_ns_find(w->e, w->ns)->drop_waits;
+  pthread_mutex_unlock(&w->e->lock);
+  return n;
+}
+
 /* In the drop's window (its index work done, its store removals not yet):
- * the first CUT blocks put again and handed over as far as they go. */
+ * the first CUT blocks put again and handed over as far as they go; each
+ * waits for the drop, and is counted once (drop_done scans for them). */
 static void put_in_window(void *arg) {
   window *w = arg;
+  assert_int_equal(drop_waits(w), 0);
   rfx_put(w->e, w->ns, &w->sh, w->salt, w->tok, CUT, 0);
+  assert_int_equal(drop_waits(w), CUT);
   for (int i = 0; i < 100000 && !handed_over(w); i++) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
@@ -93,7 +87,7 @@ static void put_during_drop(uint64_t cold) {
   kvt_key keys[NB];
   size_t nk = 0;
   assert_int_equal(kvt_keys(w.e, w.ns, tok, NB * 4, keys, NB, &nk), 0);
-  assert_int_equal(in_cluster_n(keys, NB), NB);
+  assert_int_equal(rfx_in_cluster(g_url, keys, NB), NB);
   kvt_remote_test_hold(w.r, 1, NULL, NULL);
   w.e->test_drop_window = put_in_window;
   w.e->test_drop_arg = &w;
@@ -101,11 +95,12 @@ static void put_during_drop(uint64_t cold) {
   assert_int_equal(kvt_drop_prefix(w.e, w.ns, tok, CUT * 4, &dropped), 0);
   w.e->test_drop_window = NULL;
   assert_true(w.ran);
+  assert_int_equal(drop_waits(&w), 0); /* all found and written */
   kvt_remote_test_hold(w.r, 0, NULL, NULL);
   assert_int_equal(kvt_sync(w.e), 0);
   kvt_remote_drain(w.r); /* with a local tier the cluster's copy is best effort: let it go */
-  assert_int_equal(in_cluster_n(keys, CUT), CUT);           /* put again: stored */
-  assert_int_equal(in_cluster_n(keys + CUT, NB - CUT), 0); /* what extended the cut: dropped */
+  assert_int_equal(rfx_in_cluster(g_url, keys, CUT), CUT);           /* put again: stored */
+  assert_int_equal(rfx_in_cluster(g_url, keys + CUT, NB - CUT), 0); /* what extended the cut: dropped */
   kvt_engine_close(w.e);
   kvt_engine *e = rfx_open(d, g_url, cold, 20000);
   kvt_ns_id ns = tu_register(e, model, &w.sh);
@@ -165,7 +160,7 @@ static void test_cancelled_counted(void **state) {
   size_t nk = 0;
   assert_int_equal(kvt_keys(w.e, w.ns, tok, NB * 4, keys, NB, &nk), 0);
   assert_int_equal(kvt_sync(w.e), 0);
-  assert_int_equal(in_cluster_n(keys, NB), 0);
+  assert_int_equal(rfx_in_cluster(g_url, keys, NB), 0);
   kvt_engine_close(w.e);
   tu_rmtree(d);
 }

@@ -15,6 +15,7 @@
 #include "base/mem.h"
 #include "io/rcluster.h"
 #include "rc_util.h"
+#include "remote_fx.h"
 #include "tiers/remote.h"
 #include "tiers/store.h"
 
@@ -24,15 +25,6 @@
 static char g_url[128];
 static uint64_t g_run; /* keys unique to this run: a cluster may outlive it */
 
-static kvt_key key_rand(void) {
-  kvt_key k;
-  for (int i = 0; i < 2; i++) {
-    uint64_t x = tu_rand() ^ g_run;
-    memcpy(k.b + 8 * i, &x, 8);
-  }
-  return k;
-}
-
 typedef struct blk {
   kvt_key key;
   uint8_t kv[NL][2 * EACH];
@@ -41,12 +33,12 @@ typedef struct blk {
 } blk;
 
 static void blk_make(blk *b, uint32_t pos) {
-  b->key = key_rand();
+  b->key = rfx_key(g_run);
   for (int l = 0; l < NL; l++) {
     for (size_t i = 0; i < 2 * EACH; i++) b->kv[l][i] = (uint8_t)tu_rand();
     b->ptr[l] = b->kv[l];
   }
-  b->rec = (kvt_store_rec){.key = b->key, .parent = key_rand(), .ns_seed = key_rand(),
+  b->rec = (kvt_store_rec){.key = b->key, .parent = rfx_key(g_run), .ns_seed = rfx_key(g_run),
                            .pos = pos, .n_layers = NL, .dtype = KVT_F16, .bytes_each = EACH,
                            .layers = b->ptr};
 }
@@ -65,12 +57,7 @@ static kvt_store *store_open(kvt_mem *m, int rdonly) {
 }
 
 static void assert_layers(kvt_store *s, const blk *b) {
-  static uint8_t k[EACH], v[EACH];
-  for (uint32_t l = 0; l < NL; l++) {
-    assert_int_equal(kvt_store_read_layer(s, &b->key, l, k, v, EACH), 0);
-    assert_memory_equal(k, b->kv[l], EACH);
-    assert_memory_equal(v, b->kv[l] + EACH, EACH);
-  }
+  rfx_assert_layers(s, &b->key, b->ptr, NL, EACH);
 }
 
 /* The value format alone: the cold record's header and seeded checksums. */
@@ -93,7 +80,7 @@ static void test_format(void **state) {
   assert_int_equal(kvt_remote_decode(&m, v, &e, sl, 2, k, vv, EACH), 0);
   assert_memory_equal(k, b.kv[2], EACH);
   assert_memory_equal(vv, b.kv[2] + EACH, EACH);
-  kvt_key other = key_rand(); /* the right bytes under another key */
+  kvt_key other = rfx_key(g_run); /* the right bytes under another key */
   assert_int_equal(kvt_remote_check(&other, v, len, &e, sl), KVT_ECORRUPT);
   assert_int_equal(kvt_remote_check(&b.key, v, len - 4096, &e, sl), KVT_ECORRUPT);
   v[sl[1].rel_off + 100] ^= 1; /* one bit of layer 1's payload */
@@ -127,7 +114,7 @@ static void test_share(void **state) {
     blk_make(&bl[i], (uint32_t)i);
     recs[i] = bl[i].rec;
   }
-  kvt_key keys[4] = {bl[0].key, bl[1].key, bl[2].key, key_rand()};
+  kvt_key keys[4] = {bl[0].key, bl[1].key, bl[2].key, rfx_key(g_run)};
   assert_int_equal(kvt_store_prefix(b, keys, 4), 0);
   size_t posted = 0;
   g_settled = 0;
@@ -161,12 +148,7 @@ static void test_share(void **state) {
   assert_int_equal(kvt_store_remote_counts(a, &c, NULL), 0);
   assert_int_equal(c.writes, 3);
   assert_int_equal(c.write_exists, 3);
-  kvt_store_close(a);
-  kvt_store_close(b);
-  assert_int_equal(kvt_mem_total(&m1), 0);
-  assert_int_equal(kvt_mem_total(&m2), 0);
-  kvt_mem_fini(&m1);
-  kvt_mem_fini(&m2);
+  rfx_close_stores(a, &m1, b, &m2);
 }
 
 /* A value overwritten in the cluster with bytes that fail the check
@@ -241,17 +223,14 @@ static void test_namespaces(void **state) {
   kvt_mem_init(&m1, 0);
   kvt_mem_init(&m2, 0);
   kvt_store *a = store_open(&m1, 0), *b = store_open(&m2, 1);
-  ns_seen seen = {.seed = key_rand()};
+  ns_seen seen = {.seed = rfx_key(g_run)};
   assert_int_equal(kvt_store_ns_each(b, ns_fn, &seen), 0);
   assert_int_equal(seen.found, 0);
   assert_int_equal(kvt_store_ns_put(a, &seen.seed, (const uint8_t *)"model", 5), 0);
   assert_int_equal(kvt_store_ns_put(a, &seen.seed, (const uint8_t *)"model", 5), 0);
   assert_int_equal(kvt_store_ns_each(b, ns_fn, &seen), 0);
   assert_int_equal(seen.found, 1);
-  kvt_store_close(a);
-  kvt_store_close(b);
-  kvt_mem_fini(&m1);
-  kvt_mem_fini(&m2);
+  rfx_close_stores(a, &m1, b, &m2); /* now also: nothing left allocated */
 }
 
 int main(void) {
