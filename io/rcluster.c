@@ -688,7 +688,9 @@ static int cmd_append(rc_node *nd, const kvt_rc_cmd *c, int asking) {
     size_t al[1] = {6};
     if (rc_wire_cmd(&nd->w, 1, a, al)) return -1;
   }
-  return rc_wire_cmd(&nd->w, c->op == KVT_RC_SET_NX ? 4 : 2, argv, lens) ? -1 : 0;
+  int iov = c->op == KVT_RC_SET_NX && c->val_iov ? 2 : -1;
+  return rc_wire_cmd_iov(&nd->w, c->op == KVT_RC_SET_NX ? 4 : 2, argv, lens, iov, c->val_iov,
+                         c->val_iovcnt) ? -1 : 0;
 }
 
 /* The node failed mid-round: the connection is out of step, so close it;
@@ -830,13 +832,25 @@ static void round_run(kvt_rc *rc, kvt_rc_cmd *cmds, rc_work *work, uint32_t *act
 
 /* ------------------------------------------------------------ exec */
 
+/* The sum of a SET's value parts; SIZE_MAX when their count is bad. */
+static size_t iov_len(const kvt_rc_cmd *c) {
+  if (c->val_iovcnt < 0 || c->val_iovcnt > RC_WIRE_IOV_MAX) return SIZE_MAX;
+  size_t n = 0;
+  for (int i = 0; i < c->val_iovcnt; i++) {
+    if (!c->val_iov[i].iov_base && c->val_iov[i].iov_len) return SIZE_MAX;
+    n += c->val_iov[i].iov_len;
+  }
+  return n;
+}
+
 static int batch_check(const kvt_rc *rc, const kvt_rc_cmd *cmds, size_t n) {
   (void)rc;
   for (size_t i = 0; i < n; i++) {
     const kvt_rc_cmd *c = &cmds[i];
     if (c->op < KVT_RC_GET || c->op > KVT_RC_EXISTS) return KVT_EOPTION;
     if (!c->key && c->key_len) return KVT_EOPTION;
-    if (c->op == KVT_RC_SET_NX && !c->val && c->val_len) return KVT_EOPTION;
+    if (c->op == KVT_RC_SET_NX && !c->val && !c->val_iov && c->val_len) return KVT_EOPTION;
+    if (c->op == KVT_RC_SET_NX && c->val_iov && iov_len(c) != c->val_len) return KVT_EOPTION;
   }
   return 0;
 }

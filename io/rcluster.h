@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define KVT_RC_SLOTS 16384u
 #define KVT_RC_NODES_MAX 64u   /* masters a client tracks (seeds included) */
@@ -61,6 +62,11 @@ typedef struct kvt_rc_cmd {
   size_t key_len;
   const void *val;  /* KVT_RC_SET_NX */
   size_t val_len;
+  /* KVT_RC_SET_NX, instead of val: the value is the parts iov[0..iovcnt)
+   * one after the other (val_len their sum), each of 16 KiB or more sent
+   * from where it is (a record's header and its payloads in place). */
+  const struct iovec *val_iov;
+  int val_iovcnt;
   /* out */
   kvt_rc_status status;
   long long n;       /* DEL: keys removed; EXISTS: 0 or 1 */
@@ -99,7 +105,8 @@ void kvt_rc_close(kvt_rc *rc);
  * deadline_ms. Each command ends with a status; no command is left
  * pending. Returns 0; KVT_ENULL; KVT_ECOUNT (n == 0 or above
  * KVT_RC_BATCH_MAX); KVT_EOPTION (unknown op, NULL key with key_len > 0,
- * NULL val with val_len > 0) - then no command was sent. */
+ * NULL val with val_len > 0 and no val_iov, val_iov parts whose lengths do
+ * not add up to val_len) - then no command was sent. */
 int kvt_rc_exec(kvt_rc *rc, kvt_rc_cmd *cmds, size_t n);
 /* Free the GET values of a batch (out becomes NULL). */
 void kvt_rc_release(kvt_rc_cmd *cmds, size_t n);

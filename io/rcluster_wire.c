@@ -13,7 +13,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#define RC_WIRE_IOV 64      /* segments per sendmsg */
+#define RC_WIRE_IOV 256     /* segments per sendmsg (IOV_MAX is 1024) */
 #define RC_WIRE_LEN_DIGITS 18 /* a reply's length or integer: below 10^18 */
 
 void rc_wire_reset(rc_wire *w) {
@@ -75,28 +75,45 @@ static void put_fmt(rc_wire *w, char type, size_t n) {
   put_copy(w, b, (size_t)k);
 }
 
-int rc_wire_cmd(rc_wire *w, int argc, const void *const *argv, const size_t *lens) {
-  if (argc <= 0 || argc > RC_WIRE_ARGS_MAX) return -EINVAL;
+/* One argument's bytes: referenced from RC_WIRE_ZCOPY_MIN up, else copied.
+ * Room was made by the caller. */
+static void put_arg(rc_wire *w, const void *p, size_t n) {
+  if (n >= RC_WIRE_ZCOPY_MIN) w->seg[w->seg_n++] = (rc_seg){p, 0, n};
+  else if (n) put_copy(w, p, n);
+}
+
+int rc_wire_cmd_iov(rc_wire *w, int argc, const void *const *argv, const size_t *lens,
+                    int iov_arg, const struct iovec *iov, int iovcnt) {
+  if (argc <= 0 || argc > RC_WIRE_ARGS_MAX || (iov_arg >= 0 && iovcnt < 0)) return -EINVAL;
   if (w->seg_at == w->seg_n) { /* all sent: start over */
     w->seg_n = w->seg_at = w->seg_done = 0;
     w->arena_len = 0;
   }
   size_t copied = 32, segs = 1;
   for (int i = 0; i < argc; i++) {
+    int parts = i == iov_arg ? iovcnt : 1;
     copied += 32 + 2;
-    if (lens[i] < RC_WIRE_ZCOPY_MIN) copied += lens[i];
-    else segs += 2;
+    for (int j = 0; j < parts; j++) {
+      size_t n = i == iov_arg ? iov[j].iov_len : lens[i];
+      if (n < RC_WIRE_ZCOPY_MIN) copied += n;
+      else segs += 2;
+    }
     segs += 1;
   }
   if (seg_room(w, segs) || arena_room(w, copied)) return -ENOMEM;
   put_fmt(w, '*', (size_t)argc);
   for (int i = 0; i < argc; i++) {
-    put_fmt(w, '$', lens[i]);
-    if (lens[i] >= RC_WIRE_ZCOPY_MIN) w->seg[w->seg_n++] = (rc_seg){argv[i], 0, lens[i]};
-    else if (lens[i]) put_copy(w, argv[i], lens[i]);
+    put_fmt(w, '$', lens[i]); /* an iov argument's length: the sum of its parts */
+    if (i != iov_arg) put_arg(w, argv[i], lens[i]);
+    else
+      for (int j = 0; j < iovcnt; j++) put_arg(w, iov[j].iov_base, iov[j].iov_len);
     put_copy(w, "\r\n", 2);
   }
   return 0;
+}
+
+int rc_wire_cmd(rc_wire *w, int argc, const void *const *argv, const size_t *lens) {
+  return rc_wire_cmd_iov(w, argc, argv, lens, -1, NULL, 0);
 }
 
 int rc_wire_pending(const rc_wire *w) { return w->seg_at < w->seg_n; }

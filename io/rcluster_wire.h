@@ -7,12 +7,14 @@
 #define KVT_RCLUSTER_WIRE_H
 
 #include <stddef.h>
+#include <sys/uio.h>
 
 #include <hiredis/hiredis.h>
 
 #define RC_WIRE_IN_BYTES (256u << 10) /* read buffer: a reply line longer is refused */
 #define RC_WIRE_ZCOPY_MIN (16u << 10) /* arguments from this size are sent in place */
 #define RC_WIRE_ARGS_MAX 8
+#define RC_WIRE_IOV_MAX 1024 /* parts of one argument */
 
 typedef struct rc_seg {
   const char *ext; /* the caller's bytes; NULL: arena bytes at off */
@@ -42,6 +44,11 @@ void rc_wire_free(rc_wire *w);
  * it must stay valid until rc_wire_pending is 0 or rc_wire_reset.
  * 0, or -ENOMEM (nothing queued). */
 int rc_wire_cmd(rc_wire *w, int argc, const void *const *argv, const size_t *lens);
+/* The same, argument iov_arg (-1: none) given as iov[0..iovcnt) instead
+ * of argv[iov_arg] (lens[iov_arg] must be the sum of their lengths): each
+ * part of RC_WIRE_ZCOPY_MIN bytes or more is referenced, the others copied. */
+int rc_wire_cmd_iov(rc_wire *w, int argc, const void *const *argv, const size_t *lens,
+                    int iov_arg, const struct iovec *iov, int iovcnt);
 /* Bytes queued and not sent? */
 int rc_wire_pending(const rc_wire *w);
 /* Send what the socket takes without blocking: 1 something sent, 0

@@ -34,8 +34,10 @@
 typedef struct wjob {
   struct wjob *next;
   kvt_key key;
-  uint8_t *val;
-  size_t len;
+  uint8_t *val;               /* the value (len bytes), or its header (hdr_len) */
+  size_t len, hdr_len;        /* hdr_len 0: val is the whole value, a copy */
+  struct iovec *iov;          /* hdr_len: the value's parts, payloads in place */
+  int n_iov, iov_cap;
   kvt_store_settled_fn settled;
   void *arg;
   size_t idx;
@@ -116,7 +118,8 @@ static void count(kvt_remote *r, uint64_t *field, uint64_t by) {
 /* ---------- writing ---------- */
 
 static void job_free(kvt_remote *r, wjob *j) {
-  kvt_mem_free(r->mem, KVT_MEM_OTHER, j->val, j->len);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, j->val, j->hdr_len ? j->hdr_len : j->len);
+  kvt_mem_free(r->mem, KVT_MEM_OTHER, j->iov, (size_t)j->iov_cap * sizeof *j->iov);
   kvt_mem_free(r->mem, KVT_MEM_OTHER, j, sizeof *j);
 }
 
@@ -132,6 +135,7 @@ static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
   for (size_t i = 0; i < n; i++) {
     cmd[i] = (kvt_rc_cmd){.op = KVT_RC_SET_NX, .key = keys[i], .val = jobs[i]->val,
                           .val_len = jobs[i]->len};
+    if (jobs[i]->hdr_len) cmd[i].val_iov = jobs[i]->iov, cmd[i].val_iovcnt = jobs[i]->n_iov;
     cmd[i].key_len = kvt_remote_block_key(&jobs[i]->key, keys[i]);
   }
   kvt_remote_counts d = {0};
@@ -220,16 +224,34 @@ static int enqueue(kvt_remote *r, wjob *j, int wait) {
   return drop;
 }
 
-size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int wait,
+/* j's value for rec: a copy, or (in_place) its header and its payloads
+ * where they are. 0, or an error of the encoding. */
+static int job_encode(kvt_remote *r, wjob *j, const kvt_store_rec *rec, int in_place) {
+  if (!in_place) return kvt_remote_encode(r->mem, rec, &j->val, &j->len);
+  size_t max = kvt_remote_parts_max(rec->n_layers);
+  struct iovec *iov = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, max * sizeof *iov);
+  int n = 0, rc = iov ? kvt_remote_encode_parts(r->mem, rec, &j->val, &j->hdr_len, iov, &n, &j->len)
+                      : -ENOMEM;
+  if (rc) {
+    kvt_mem_free(r->mem, KVT_MEM_OTHER, iov, max * sizeof *iov);
+    return rc;
+  }
+  j->iov = iov;
+  j->n_iov = n;
+  j->iov_cap = (int)max;
+  return 0;
+}
+
+size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int flags,
                        kvt_store_settled_fn settled, void *arg) {
   size_t queued = 0;
+  int in_place = (flags & KVT_REMOTE_IN_PLACE) && settled;
   for (size_t i = 0; i < n; i++) {
     wjob *j = r->rdonly ? NULL : kvt_mem_calloc(r->mem, KVT_MEM_OTHER, sizeof *j);
-    int rc = j ? kvt_remote_encode(r->mem, &recs[i], &j->val, &j->len) : -ENOMEM;
+    int rc = j ? job_encode(r, j, &recs[i], in_place) : -ENOMEM;
     if (!rc) {
-      *j = (wjob){.key = recs[i].key, .val = j->val, .len = j->len, .settled = settled,
-                  .arg = arg, .idx = i};
-      if (!enqueue(r, j, wait)) {
+      j->key = recs[i].key, j->settled = settled, j->arg = arg, j->idx = i;
+      if (!enqueue(r, j, flags & KVT_REMOTE_WAIT)) {
         queued++;
         continue;
       }

@@ -28,6 +28,15 @@ size_t kvt_remote_ns_key(uint32_t i, char *buf);
 /* The value of a token block: header, then each layer's K||V raw on the
  * 4 KiB grid. *out is allocated in m (KVT_MEM_OTHER, *len bytes). */
 int kvt_remote_encode(kvt_mem *m, const kvt_store_rec *r, uint8_t **out, size_t *len);
+/* The same value as parts to send from where they are: *hdr (allocated in
+ * m, *hdr_len bytes) holds the header with the slices' checksums, then
+ * each layer's K||V is r->layers[l] itself (which must not change or go
+ * until the value is sent) and its padding to the grid a page of zeros.
+ * iov has room for kvt_remote_parts_max(r->n_layers); *len the value's
+ * bytes, the same bytes kvt_remote_encode builds. */
+size_t kvt_remote_parts_max(uint32_t n_layers);
+int kvt_remote_encode_parts(kvt_mem *m, const kvt_store_rec *r, uint8_t **hdr, size_t *hdr_len,
+                            struct iovec *iov, int *n_iov, size_t *len);
 /* Is the value v (len bytes) a whole record of key with every slice's
  * checksum right? 0, or KVT_ECORRUPT. e gets the header. */
 int kvt_remote_check(const kvt_key *key, const uint8_t *v, size_t len, kvt_cold_entry *e,
@@ -62,13 +71,19 @@ int kvt_remote_open(kvt_mem *m, const kvt_remote_cfg *cfg, kvt_remote **out, cha
 /* Write what is queued (each batch bounded by the deadline), stop, close. */
 void kvt_remote_close(kvt_remote *r);
 
-/* Queue copies of recs for SET NX. settled (may be NULL) is called from
- * the writer thread once each is written or given up: rc 0 only when the
+/* Queue recs for SET NX. settled (may be NULL) is called from the
+ * writer thread once each is written or given up: rc 0 only when the
  * cluster stored it (or already had it), else why not (-EIO, -EAGAIN,
- * -ENOMEM; the failure is also counted). wait: block
+ * -ENOMEM; the failure is also counted). flags: KVT_REMOTE_WAIT: block
  * until the queue has room; else a record that does not fit is dropped
- * (counted) and settled at once. Returns how many were queued. */
-size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int wait,
+ * (counted) and settled at once. KVT_REMOTE_IN_PLACE (with settled): the
+ * caller keeps each record's payloads unchanged until its settled call,
+ * and they are sent from where they are (only the header is built);
+ * else each record is copied into its value. The queue's bound counts
+ * whole values either way. Returns how many were queued. */
+#define KVT_REMOTE_WAIT 1
+#define KVT_REMOTE_IN_PLACE 2
+size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int flags,
                        kvt_store_settled_fn settled, void *arg);
 /* Wait until the queue is empty and the writer idle. */
 void kvt_remote_drain(kvt_remote *r);

@@ -197,7 +197,7 @@ static int rs_post(void *impl, const kvt_store_rec *recs, size_t n, size_t *post
   if (s->rdonly) return KVT_ERDONLY;
   if (!s->local) { /* diskless: settled once written (or given up) remotely */
     *posted = n;
-    kvt_remote_post(s->r, recs, n, 1, settled, arg);
+    kvt_remote_post(s->r, recs, n, KVT_REMOTE_WAIT | KVT_REMOTE_IN_PLACE, settled, arg);
     return 0;
   }
   copies_write(s);
