@@ -14,6 +14,7 @@
 #include "base/key.h"
 #include "base/mem.h"
 #include "io/rcluster.h"
+#include "io/rcluster_wire.h"
 #include "rc_util.h"
 #include "remote_fx.h"
 #include "tiers/remote.h"
@@ -185,6 +186,42 @@ static void test_share(void **state) {
   rfx_close_stores(a, &m1, b, &m2);
 }
 
+/* A diskless writer sends a record's payloads in place, one part a layer
+ * (and its padding): a record of more parts than the wire takes for one
+ * argument (2 * 600 + 1 > RC_WIRE_IOV_MAX) is sent as a copy instead, and
+ * stored like any other, not failed with the rest of its batch. */
+static void test_many_layers(void **state) {
+  (void)state;
+  enum { ML = 600, ME = 100 };
+  assert_true(kvt_remote_parts_max(ML) > RC_WIRE_IOV_MAX);
+  kvt_mem m1, m2;
+  kvt_mem_init(&m1, 0);
+  kvt_mem_init(&m2, 0);
+  kvt_store *a = store_open(&m1, 0), *b = store_open(&m2, 1);
+  uint8_t *kv = malloc((size_t)ML * 2 * ME);
+  const uint8_t **ptr = malloc(ML * sizeof *ptr);
+  assert_true(kv && ptr);
+  for (size_t i = 0; i < (size_t)ML * 2 * ME; i++) kv[i] = (uint8_t)tu_rand();
+  for (int l = 0; l < ML; l++) ptr[l] = kv + (size_t)l * 2 * ME;
+  static blk small; /* a record of NL layers in the same batch */
+  blk_make(&small, 1);
+  kvt_store_rec recs[2] = {{.key = rfx_key(g_run), .parent = rfx_key(g_run),
+                            .ns_seed = rfx_key(g_run), .pos = 0, .n_layers = ML,
+                            .dtype = KVT_F16, .bytes_each = ME, .layers = ptr},
+                           small.rec};
+  size_t posted = 0;
+  g_settled = 0;
+  assert_int_equal(kvt_store_post(a, recs, 2, &posted, settled, NULL), 0);
+  assert_int_equal(kvt_store_drain(a), 0);
+  assert_int_equal(posted, 2);
+  assert_int_equal(g_settled, 2);
+  rfx_assert_layers(b, &recs[0].key, ptr, ML, ME);
+  assert_layers(b, &small);
+  free(kv);
+  free(ptr);
+  rfx_close_stores(a, &m1, b, &m2);
+}
+
 /* A value overwritten in the cluster with bytes that fail the check
  * (one bit of a slice) is a miss, counted, and deleted. */
 static void test_corrupt(void **state) {
@@ -275,6 +312,7 @@ int main(void) {
       cmocka_unit_test(test_format),
       cmocka_unit_test(test_parts),
       cmocka_unit_test(test_share),
+      cmocka_unit_test(test_many_layers),
       cmocka_unit_test(test_corrupt),
       cmocka_unit_test(test_namespaces),
   };

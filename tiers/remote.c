@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/key.h"
+#include "io/rcluster_wire.h"
 #include "tiers/remote.h"
 
 #define WRITE_BATCH 64u              /* SET NX per pipeline */
@@ -225,10 +226,12 @@ static int enqueue(kvt_remote *r, wjob *j, int wait) {
 }
 
 /* j's value for rec: a copy, or (in_place) its header and its payloads
- * where they are. 0, or an error of the encoding. */
+ * where they are - unless it has more parts than the wire takes for one
+ * argument (more than (RC_WIRE_IOV_MAX - 1) / 2 layers): then a copy too.
+ * 0, or an error of the encoding. */
 static int job_encode(kvt_remote *r, wjob *j, const kvt_store_rec *rec, int in_place) {
-  if (!in_place) return kvt_remote_encode(r->mem, rec, &j->val, &j->len);
   size_t max = kvt_remote_parts_max(rec->n_layers);
+  if (!in_place || max > RC_WIRE_IOV_MAX) return kvt_remote_encode(r->mem, rec, &j->val, &j->len);
   struct iovec *iov = kvt_mem_alloc(r->mem, KVT_MEM_OTHER, max * sizeof *iov);
   int n = 0, rc = iov ? kvt_remote_encode_parts(r->mem, rec, &j->val, &j->hdr_len, iov, &n, &j->len)
                       : -ENOMEM;
