@@ -809,7 +809,17 @@ static void round_run(kvt_rc *rc, kvt_rc_cmd *cmds, rc_work *work, uint32_t *act
       pfd[np] = (struct pollfd){nd->c->fd, (short)(POLLIN | (node_out_pending(nd) ? POLLOUT : 0)), 0};
       who[np++] = active[a];
     }
-    if (!np) return;
+    if (!np) {
+      /* Every reply is in; a node that answered before reading all of its
+       * requests (an error a server writes on accept, at maxclients) may
+       * still hold unsent parts that point at the caller's values, which
+       * are not valid once this returns (rcluster_wire.h): drop them. */
+      for (uint32_t a = 0; a < n_active; a++) {
+        rc_node *nd = &rc->nodes[active[a]];
+        if (nd->c && rc_wire_pending(&nd->w)) node_drop(nd);
+      }
+      return;
+    }
     int r = poll(pfd, np, wake > t ? (int)(wake - t) : 0);
     if (r < 0 && errno != EINTR) { /* not expected: drop the connections, the commands left retry */
       /* a node left as it is would keep unsent segments that point into
