@@ -161,6 +161,8 @@ static uint32_t layer_list(kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     size_t at = (size_t)b * L + layer;
     const kvt_lblk *lb = s->lb[at];
+    if (lb && lb->tier == KVT_TIER_COLD && kvt_recall_reading(s, b, layer))
+      layer_bytes_add(s, lb, &memo, o); /* counted, not listed: it is on its way */
     if (!lb || lb->tier == KVT_TIER_COLD) continue;
     layer_bytes_add(s, lb, &memo, o);
     pb[n++] = (kvt_pblk){.block = b, .bs = &s->bs[at], .st = priv_of(s, b, layer)};
@@ -176,7 +178,8 @@ static void layer_bytes(const kvt_seq *s, uint32_t layer, kvt_policy_info *o) {
   bytes_memo memo = {.k_codec = -1, .v_codec = -1};
   for (uint32_t b = 0; b < s->n_blocks; b++) {
     const kvt_lblk *lb = s->lb[(size_t)b * L + layer];
-    if (lb && lb->tier != KVT_TIER_COLD) layer_bytes_add(s, lb, &memo, o);
+    if (lb && (lb->tier != KVT_TIER_COLD || kvt_recall_reading(s, b, layer)))
+      layer_bytes_add(s, lb, &memo, o);
   }
   o->over = o->kept_bytes > o->budget_bytes;
 }
