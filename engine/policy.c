@@ -160,6 +160,11 @@ static uint32_t layer_scan(const kvt_seq *s, uint32_t layer, kvt_policy_info *o,
   layer_bytes_start(s, layer, o);
   for (uint32_t b = 0; b < nb; b++) {
     const kvt_lblk *lb = lbs[(size_t)b * L];
+    if (lb && lb->tier == KVT_TIER_COLD && kvt_recall_reading(s, b, layer)) {
+      kept++; /* counted at hot size, not listed: it is on its way */
+      kept_bytes += hot_bytes;
+      continue;
+    }
     if (!lb || lb->tier == KVT_TIER_COLD) continue;
     kept++;
     if (lb->tier == KVT_TIER_WARM) {

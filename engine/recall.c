@@ -539,6 +539,12 @@ void kvt_recall_step(kvt_seq *s, uint32_t layer, const kvt_pblk *listed, size_t 
   pthread_mutex_unlock(&e->lock);
 }
 
+int kvt_recall_reading(const kvt_seq *s, uint32_t block, uint32_t layer) {
+  const struct kvt_recall *r = s->recall;
+  size_t at = (size_t)block * s->ns->desc.shape.n_layers + layer;
+  return r && r->pending[layer] && s->bs[at].recalled && s->lb[at];
+}
+
 void kvt_recall_install(kvt_seq *s, uint32_t layer) {
   struct kvt_recall *r = s->recall;
   if (!r) return;

@@ -46,6 +46,14 @@ void kvt_recall_step(kvt_seq *s, uint32_t layer, const kvt_pblk *listed, size_t 
 /* Start of kvt_seq_attend() of (s, layer): wait for the recall reads
  * started at the step before and apply the budget. Without the lock. */
 void kvt_recall_install(kvt_seq *s, uint32_t layer);
+
+/* Is block (s, block, layer) recalled and its read still running (started
+ * by kvt_recall_step(), not yet waited for by kvt_recall_install())? The
+ * budget counts such a block as hot from its recall on, whether the
+ * prefetch found its bytes still in RAM or reads them from the cold tier:
+ * which one it is depends on how far the flusher got (docs/policy.md,
+ * "Recall is deterministic"). With the lock held. */
+int kvt_recall_reading(const kvt_seq *s, uint32_t block, uint32_t layer);
 /* kvt_seq_attend() of (s, layer) ran query q (n_q_heads x head_dim) with
  * scale and got lse over the retained blocks: keep them for the step.
  * Without the lock. */

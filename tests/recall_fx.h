@@ -107,10 +107,11 @@ typedef struct dr_cfg {
   uint32_t protect;                 /* sink blocks, twice as many window blocks, a delay */
   int sync;                         /* kvt_sync after each block's puts */
   int hash_n;                       /* the retained counts go into the hash too */
+  uint64_t hot;                     /* the hot tier's byte limit (0: the default) */
 } dr_cfg;
 
 typedef struct dr_out {
-  uint64_t recalls, useful, unavailable, late;
+  uint64_t recalls, useful, unavailable, late, recall_bytes;
   uint64_t hash;                /* FNV-1a over every attention output and lse (and n) */
   uint32_t retained[DR_STEPS];  /* layer 0's retained blocks after each step */
 } dr_out;
@@ -128,6 +129,7 @@ typedef struct dr_loop {
 static inline void dr_open(dr_loop *L, const dr_cfg *c, const char *dir) {
   kvt_options opt;
   cu_opts(&opt, KVT_BACKEND_PREAD);
+  if (c->hot) opt.tier_bytes_limit[KVT_TIER_HOT] = c->hot;
   L->e = tu_open(dir, &opt);
   L->sh = (kvt_shape){.n_layers = 2, .n_kv_heads = 2, .head_dim = c->head_dim,
                       .dtype = KVT_F32, .block_tokens = c->bt};
@@ -212,6 +214,7 @@ static inline void dr_run(const dr_cfg *c, dr_out *o) {
   o->useful = st.recall_useful;
   o->unavailable = st.recall_unavailable;
   o->late = st.recall_late;
+  o->recall_bytes = st.recall_bytes;
   free(L.keys);
   free(L.v);
   kvt_seq_release(L.s);
