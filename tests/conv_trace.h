@@ -5,7 +5,8 @@
  * blocks reused and blocks never reused, for the model to tell apart.
  * Also the replay of one request as kvtier plan does it (look up, append,
  * put what no tier has), and the shuffle after T of the no-future-leak
- * tests; test_cold_declined and test_metrics put through it too. */
+ * tests; test_cold_declined and test_metrics put through it too, into
+ * the same engine (ct_open_cold). */
 #ifndef KVT_CONV_TRACE_H
 #define KVT_CONV_TRACE_H
 
@@ -65,6 +66,23 @@ static inline size_t ct_lookup(kvt_engine *e, kvt_ns_id ns, const ct_req *r, uin
   size_t found = 0;
   assert_int_equal(kvt_lookup(e, ns, tok, (size_t)r->n * bt, ent, r->n, &found), 0);
   return found;
+}
+
+/* A metadata-only engine whose hot tier is smaller than one layer block
+ * (every block goes to the cold tier) and whose cold tier holds cap
+ * records, given up in order policy (-1: kvt_options_init's); *ns: a
+ * namespace model of shape sh. */
+static inline kvt_engine *ct_open_cold(const kvt_shape *sh, uint64_t cap, int policy,
+                                       const char *model, kvt_ns_id *ns) {
+  kvt_options o;
+  kvt_options_init(&o);
+  o.flags = KVT_OPEN_METADATA_ONLY;
+  if (policy >= 0) o.cold_evict = (uint32_t)policy;
+  o.tier_bytes_limit[KVT_TIER_HOT] = 1;
+  o.tier_bytes_limit[KVT_TIER_COLD] = cap * kvt_cold_record_bytes(sh);
+  kvt_engine *e = tu_open(NULL, &o);
+  *ns = tu_register(e, model, sh);
+  return e;
 }
 
 /* A sequence of ns appends n blocks of tok and puts every layer of those

@@ -84,7 +84,8 @@ static inline size_t step(fx *f) {
 
 #define DR_STEPS 96u
 
-/* xorshift64*: the same keys, values and queries in every run. */
+/* xorshift64*: the same keys, values and queries in every run (the
+ * drift loop's and test_recall_forks'). */
 static inline uint64_t dr_rnd(uint64_t *x) {
   *x ^= *x >> 12;
   *x ^= *x << 25;

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "conv_trace.h"
-#include "tiers/cold.h"
 
 #define N_REQ 1600
 #define MAX_BLK 13
@@ -35,14 +34,8 @@ static void request(kvt_engine *e, kvt_ns_id ns, uint64_t *st, uint64_t *next_id
 
 /* The cold tier's declines after a replay under policy. */
 static uint64_t declines(uint32_t policy) {
-  kvt_options o;
-  kvt_options_init(&o);
-  o.flags = KVT_OPEN_METADATA_ONLY;
-  o.cold_evict = policy;
-  o.tier_bytes_limit[KVT_TIER_HOT] = 1; /* below one block: all goes to the cold tier */
-  o.tier_bytes_limit[KVT_TIER_COLD] = 100 * kvt_cold_record_bytes(&SHAPE);
-  kvt_engine *e = tu_open(NULL, &o);
-  kvt_ns_id ns = tu_register(e, "declined", &SHAPE);
+  kvt_ns_id ns;
+  kvt_engine *e = ct_open_cold(&SHAPE, 100, (int)policy, "declined", &ns);
   uint64_t st = 4242, next_id = 100;
   kvt_tier_stats ts;
   assert_int_equal(kvt_stats_tier(e, KVT_TIER_COLD, &ts, sizeof ts), 0);

@@ -37,14 +37,8 @@ static void run_request(kvt_engine *e, kvt_ns_id ns, const ct_req *r, ct_step *o
  * for the limits: a hot tier smaller than one layer block (every block
  * goes to the cold tier, which holds 300 of them). */
 static void replay(const ct_req *reqs, size_t n, ct_step *log) {
-  const uint64_t cap = 300;
-  kvt_options o;
-  kvt_options_init(&o);
-  o.flags = KVT_OPEN_METADATA_ONLY;
-  o.tier_bytes_limit[KVT_TIER_HOT] = 1;
-  o.tier_bytes_limit[KVT_TIER_COLD] = cap * kvt_cold_record_bytes(&SHAPE);
-  kvt_engine *e = tu_open(NULL, &o);
-  kvt_ns_id ns = tu_register(e, "engine-learned", &SHAPE);
+  kvt_ns_id ns;
+  kvt_engine *e = ct_open_cold(&SHAPE, 300, -1, "engine-learned", &ns);
   for (size_t i = 0; i < n; i++) run_request(e, ns, &reqs[i], &log[i]);
   kvt_engine_close(e);
 }

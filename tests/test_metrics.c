@@ -240,14 +240,8 @@ static void test_admission_declines(void **state) {
   (void)state;
   static const kvt_shape sh = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
                                .dtype = KVT_F16, .block_tokens = 16};
-  kvt_options o;
-  kvt_options_init(&o);
-  o.flags = KVT_OPEN_METADATA_ONLY;
-  o.cold_evict = KVT_EVICT_LEARNED;
-  o.tier_bytes_limit[KVT_TIER_HOT] = 1; /* below one block: all goes to the cold tier */
-  o.tier_bytes_limit[KVT_TIER_COLD] = 100 * kvt_cold_record_bytes(&sh);
-  kvt_engine *e = tu_open(NULL, &o);
-  kvt_ns_id ns = tu_register(e, "declines", &sh);
+  kvt_ns_id ns;
+  kvt_engine *e = ct_open_cold(&sh, 100, KVT_EVICT_LEARNED, "declines", &ns);
   char *t0 = render(e);
   assert_true(metric(t0, "kvtier_cold_admission_declines_total") == 0);
   free(t0);

@@ -6,20 +6,10 @@
  * both sequences keeps at most its budget, counted by the policy. */
 #include <math.h>
 
-#include "cold_util.h"
+#include "recall_fx.h"
 
 #define STEPS 80u
 #define FORK_AT 40u
-#define QH_PER_KV 2u
-
-static uint64_t rnd_next(uint64_t *x) {
-  *x ^= *x >> 12;
-  *x ^= *x << 25;
-  *x ^= *x >> 27;
-  return *x * 0x2545f4914f6cdd1dull;
-}
-
-static float rnd_f(uint64_t *x) { return (float)(rnd_next(x) >> 40) / (float)(1u << 24) - 0.5f; }
 
 typedef struct seqst {
   kvt_seq *s;
@@ -37,8 +27,8 @@ static void grow(seqst *q, uint32_t tok, uint64_t *x) {
   for (uint32_t l = 0; l < SH.n_layers; l++) {
     float *k = q->keys + ((size_t)q->n * SH.n_layers + l) * HD;
     for (uint32_t i = 0; i < HD; i++) {
-      k[i] = 2.0f * rnd_f(x);
-      v[i] = rnd_f(x);
+      k[i] = 2.0f * dr_rnd_f(x);
+      v[i] = dr_rnd_f(x);
     }
     kvt_kv kv = {.k = k, .v = v, .dtype = KVT_F32, .n_tokens = 1, .n_heads = SH.n_kv_heads,
                  .head_dim = SH.head_dim};
@@ -50,15 +40,15 @@ static void grow(seqst *q, uint32_t tok, uint64_t *x) {
 
 /* One step of every layer: a query that every few steps drifts back to an
  * older token's key, attention, observation; then the budgets. */
-static void step(seqst *q, uint32_t t, uint64_t *x, uint64_t *over) {
+static void fork_step(seqst *q, uint32_t t, uint64_t *x, uint64_t *over) {
   uint32_t HD = SH.n_kv_heads * SH.head_dim, H = SH.n_kv_heads * QH_PER_KV, D = SH.head_dim;
   float qv[8 * 16], out[8 * 16], lse[8], mass[STEPS];
-  uint32_t back = q->n > 8 && t % 3 == 0 ? (uint32_t)(rnd_next(x) % (q->n - 4)) : q->n;
+  uint32_t back = q->n > 8 && t % 3 == 0 ? (uint32_t)(dr_rnd(x) % (q->n - 4)) : q->n;
   for (uint32_t l = 0; l < SH.n_layers; l++) {
     const float *kb = back < q->n ? q->keys + ((size_t)back * SH.n_layers + l) * HD : NULL;
     for (uint32_t h = 0; h < H; h++)
       for (uint32_t d = 0; d < D; d++)
-        qv[h * D + d] = (kb ? 4.0f * kb[(h / QH_PER_KV) * D + d] : 0) + rnd_f(x);
+        qv[h * D + d] = (kb ? 4.0f * kb[(h / QH_PER_KV) * D + d] : 0) + dr_rnd_f(x);
     size_t n = 0;
     assert_int_equal(kvt_seq_attend(q->s, l, qv, H, 0, out, lse, mass, STEPS, &n), 0);
     assert_int_equal(kvt_seq_observe(q->s, l, mass, n), 0);
@@ -104,10 +94,10 @@ static void test_forks_recall_budgets(void **state) {
       b.n = a.n;
     }
     grow(&a, 1000 + t, &x);
-    step(&a, t, &x, &over);
+    fork_step(&a, t, &x, &over);
     if (b.s) {
       grow(&b, 5000 + t, &x); /* other tokens than the parent's */
-      step(&b, t, &x, &over);
+      fork_step(&b, t, &x, &over);
     }
   }
   kvt_stats st;
