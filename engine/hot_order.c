@@ -51,13 +51,11 @@ void kvt_hot_order_untrack(kvt_engine *e, kvt_tblk *tb) {
 void kvt_hot_order_use(kvt_engine *e, kvt_tblk *tb, int lookup) {
   if (!tb->hot_tracked) return;
   /* A server looks a prompt up, then appends it: one use, not two (two
-   * would teach the model a reuse at distance zero on every hit). */
-  if (!lookup && tb->hot_looked) {
-    tb->hot_looked = 0;
-    return;
-  }
-  tb->hot_looked = (uint8_t)lookup;
-  kvt_evict_touch(e->hot_ev, &tb->key);
+   * would teach the model a reuse at distance zero on every hit); a
+   * lookup no append followed by the next lookup does not hide the
+   * block's next use (kvt_evict_look). */
+  if (lookup) kvt_evict_look(e->hot_ev, &tb->key);
+  else kvt_evict_touch(e->hot_ev, &tb->key);
 }
 
 static int idle_hot(const kvt_lblk *b) {

@@ -72,7 +72,6 @@ typedef struct kvt_tblk {
   struct kvt_tblk *fq_next;   /* flush queue */
   uint32_t n_hot;             /* layers in the hot tier (hot_order.c) */
   uint8_t hot_tracked;        /* in the hot tier's eviction order (e->hot_ev) */
-  uint8_t hot_looked;         /* a lookup counted its use since its last append */
   kvt_lblk *layers[];         /* [n_layers] */
 } kvt_tblk;
 

@@ -359,6 +359,15 @@ static void test_look_then_touch(void **state) {
   look(&f, 1); /* two lookups: two uses */
   touch(&f, 1);
   assert_int_equal(model_clock(&f), 5);
+  /* A lookup its append did not follow: the next lookup run ends it, and
+   * the block's next touch is a use of its own, not hidden. */
+  look(&f, 1); /* a lookup alone */
+  add(&f, 2, -1); /* another request's write */
+  look(&f, 2); /* the next request's lookup */
+  touch(&f, 2); /* its append: the same use */
+  assert_int_equal(model_clock(&f), 8);
+  touch(&f, 1); /* a use of 1, long after its lookup */
+  assert_int_equal(model_clock(&f), 9);
   close_ev(&f);
   open_ev(&f, KVT_EVICT_LRU);
   add(&f, 1, -1);

@@ -10,6 +10,7 @@
 
 #include "conv_trace.h"
 #include "engine/internal.h"
+#include "tiers/cold_record.h"
 #include "tiers/evict.h"
 #include "tiers/tier.h"
 
@@ -106,6 +107,43 @@ static void test_hot_default_learned(void **state) {
   assert_true(hl >= hr - hr / 50);
 }
 
+/* The hot order's model clock: accesses it counted. */
+static uint64_t hot_clock(kvt_engine *e) {
+  uint8_t st[KVT_EVICT_MODEL_MAX];
+  assert_true(kvt_evict_model_save(e->hot_ev, st, sizeof st) > 24);
+  return kvt_le_get64(st + 16);
+}
+
+/* A lookup and the append after it are one use of a hot block; a lookup
+ * no append followed, once the next request's lookup has come, hides
+ * nothing: the block's next append is a use of its own. */
+static void test_hot_lookup_alone(void **state) {
+  (void)state;
+  kvt_options o;
+  kvt_options_init(&o);
+  o.flags = KVT_OPEN_METADATA_ONLY;
+  o.tier_bytes_limit[KVT_TIER_HOT] = CAP * SHAPE.n_layers * (kvt_lblk_desc_bytes() + 2048);
+  kvt_engine *e = tu_open(NULL, &o);
+  kvt_ns_id ns = tu_register(e, "hot-look", &SHAPE);
+  static uint32_t ta[CT_MAX_BLK * BT], tb[CT_MAX_BLK * BT];
+  ct_req a = {.n = 2, .id = {11, 12}}, b = {.n = 1, .id = {21}};
+  ct_tokens(&a, BT, ta);
+  ct_tokens(&b, BT, tb);
+  ct_append_put(e, ns, &SHAPE, ta, a.n, 0);
+  uint64_t c0 = hot_clock(e);
+  assert_int_equal(ct_lookup(e, ns, &a, BT, ta), 2);
+  ct_append_put(e, ns, &SHAPE, ta, a.n, 0); /* its append: the same uses */
+  assert_int_equal(hot_clock(e), c0 + 2);
+  assert_int_equal(ct_lookup(e, ns, &a, BT, ta), 2); /* a lookup alone */
+  ct_append_put(e, ns, &SHAPE, tb, b.n, 0);          /* another request */
+  assert_int_equal(ct_lookup(e, ns, &b, BT, tb), 1);
+  ct_append_put(e, ns, &SHAPE, tb, b.n, 0);
+  uint64_t c1 = hot_clock(e);
+  ct_append_put(e, ns, &SHAPE, ta, a.n, 0); /* a's blocks used again */
+  assert_int_equal(hot_clock(e), c1 + 2);
+  kvt_engine_close(e);
+}
+
 /* hot_evict takes the KVT_EVICT_* values only. */
 static void test_hot_evict_option(void **state) {
   (void)state;
@@ -132,6 +170,7 @@ int main(void) {
       cmocka_unit_test(test_hot_no_future_leak),
       cmocka_unit_test(test_hot_default_learned),
       cmocka_unit_test(test_hot_evict_option),
+      cmocka_unit_test(test_hot_lookup_alone),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

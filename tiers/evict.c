@@ -52,7 +52,7 @@ typedef struct ev_ent {
   int32_t heap_pos;            /* index in heap[!tail], -1 when not a leaf */
   uint8_t has_parent;
   uint8_t tail;                /* a tail as written: not used, no child since added */
-  uint8_t looked;              /* last used by a lookup (kvt_evict_look) */
+  uint32_t looked;             /* last used by the lookup run of this epoch (0: not looked) */
   kvt_reuse_blk rb[];          /* LEARNED only: the block's history for the model */
 } ev_ent;
 
@@ -83,6 +83,8 @@ struct kvt_evict {
   double win_accesses, win_adds; /* LEARNED: accesses and adds lately (set_horizon) */
   size_t ent_bytes;            /* one entry (LEARNED's carry the model's history) */
   int loading;                 /* kvt_evict_load: an add that is no access */
+  uint32_t look_epoch;         /* lookup runs so far: a look after any other use starts one */
+  int in_looks;                /* the last use was a look */
 };
 
 static uint64_t key_hash(const kvt_key *k) {
@@ -389,11 +391,23 @@ static void learned_access(kvt_evict *ev, ev_ent *e) {
   kvt_reuse_access(ev->model, e->rb);
 }
 
+/* Is this touch of e the append (or find) that follows its lookup? A
+ * look is pending until the tier's next lookup run: a server looks a
+ * request's prompt up, then appends it, before it looks up the next one,
+ * so a look its append did not follow by then was a lookup alone, and the
+ * block's next touch is a use of its own (counted, not hidden). */
+static int after_look(kvt_evict *ev, ev_ent *e, int look) {
+  if (look && !ev->in_looks && ++ev->look_epoch == 0) ev->look_epoch = 1; /* a new run */
+  ev->in_looks = look;
+  int again = !look && e->looked && e->looked == ev->look_epoch;
+  e->looked = look ? ev->look_epoch : 0;
+  return again;
+}
+
 /* look: a lookup's use; a touch right after one is the same use (only
  * its recency is refreshed, so LRU and CHAIN order as before). */
 static void use(kvt_evict *ev, ev_ent *e, int look) {
-  int again = e->looked && !look;
-  e->looked = (uint8_t)look;
+  int again = after_look(ev, e, look);
   e->ord = e->tick = ++ev->tick;
   if (learned(ev) && !again) {
     kvt_guard_access(ev->guard, &e->key, 1, ev->count);
@@ -416,6 +430,7 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   e->bytes = bytes;
   e->tick = e->ord = ++ev->tick;
   e->heap_pos = -1;
+  ev->in_looks = 0;
   /* CHAIN_LEAF: no probation. LEARNED keeps it: whether a block is the
    * request's last is not known when it is written, only after. */
   e->tail = ev->policy == KVT_EVICT_CHAIN || ev->policy == KVT_EVICT_LEARNED;

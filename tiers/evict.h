@@ -54,7 +54,10 @@ int kvt_evict_touch(kvt_evict *ev, const kvt_key *key);
  * touch that follows it (the append or find of the block the lookup
  * found) refreshes recency only: a server looks a prompt up, then
  * appends it, and that is one use, not two - counted twice, LEARNED's
- * model would learn a reuse at distance zero from every hit. */
+ * model would learn a reuse at distance zero from every hit. A look is
+ * pending until the next lookup run (a look after any other use): a
+ * touch after that is a use of its own, so a lookup no append followed
+ * does not hide the block's next use. */
 int kvt_evict_look(kvt_evict *ev, const kvt_key *key);
 /* Is key tracked? No side effect. */
 int kvt_evict_has(const kvt_evict *ev, const kvt_key *key);
