@@ -93,6 +93,7 @@ static int rb_get(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, const uint32
   uint8_t *buf = malloc(2 * each * sh->n_layers);
   int rc = ent && req && buf ? kvt_lookup(e, ns, tok, n * sh->block_tokens, ent, n, &found) : -ENOMEM;
   if (!rc && found != n) rc = KVT_ENOTFOUND;
+  if (!rc) memset(buf, 0, 2 * each * sh->n_layers); /* the caller's pages, not the load's */
   uint64_t t0 = now_ns();
   for (uint64_t b = 0; !rc && b < n; b++) {
     for (uint32_t l = 0; l < sh->n_layers; l++)
