@@ -28,6 +28,7 @@ typedef struct rb_cfg {
 typedef struct rb_result {
   uint64_t block_bytes, value_bytes, blocks;
   double set_per_s, get_per_s, p50_us, p99_us;
+  double set_first_per_s; /* the first round's puts: a new engine, fresh pages */
   double rb_set_per_s, rb_get_per_s; /* redis-benchmark; 0: not run */
   uint32_t set_depth, get_depth;
   uint32_t set_clients, set_client_depth; /* redis-benchmark's SET: -c, -P */
@@ -37,11 +38,13 @@ typedef struct rb_result {
 /* n_layers, block_tokens: 8 KV heads x head_dim 64, f16. */
 static const uint32_t rb_shapes[RB_SIZES][2] = {{4, 16}, {16, 64}}; /* 128 KiB, 2 MiB */
 
-static kvt_engine *rb_open(const char *url, char *dir) {
+/* A diskless engine with the remote tier in a new directory dir; its hot
+ * tier holds hot bytes. */
+static kvt_engine *rb_open(const char *url, char *dir, uint64_t hot) {
   if (!mkdtemp(dir)) return NULL;
   kvt_options o;
   kvt_options_init(&o);
-  o.tier_bytes_limit[KVT_TIER_HOT] = 1ull << 30;
+  o.tier_bytes_limit[KVT_TIER_HOT] = hot;
   kvt_engine *e = NULL;
   return cli_engine_open_remote(dir, &o, url, &e) ? NULL : e;
 }
@@ -90,6 +93,7 @@ static int rb_get(kvt_engine *e, kvt_ns_id ns, const kvt_shape *sh, const uint32
   uint8_t *buf = malloc(2 * each * sh->n_layers);
   int rc = ent && req && buf ? kvt_lookup(e, ns, tok, n * sh->block_tokens, ent, n, &found) : -ENOMEM;
   if (!rc && found != n) rc = KVT_ENOTFOUND;
+  if (!rc) memset(buf, 0, 2 * each * sh->n_layers); /* the caller's pages, not the load's */
   uint64_t t0 = now_ns();
   for (uint64_t b = 0; !rc && b < n; b++) {
     for (uint32_t l = 0; l < sh->n_layers; l++)
@@ -182,29 +186,41 @@ static void rb_rmdir(const char *dir) {
   rmdir(dir);
 }
 
-/* One round of the tier at size sh: put c->blocks blocks from one engine,
- * load them from another; rates and latencies (sorted) of this round. */
-static int rb_tier(const rb_cfg *c, int si, const kvt_shape *sh, const uint32_t *tok,
-                   uint8_t *kv, double *lat, double *set_per_s, double *get_per_s) {
-  char model[64], d1[] = "/tmp/kvt-bench-remote-XXXXXX", d2[] = "/tmp/kvt-bench-remote-XXXXXX";
-  snprintf(model, sizeof model, "bench-remote-%d-%" PRIu64, si, now_ns());
+/* One round of the tier at size sh: put c->blocks blocks (tokens tok)
+ * from the writer engine w (namespace ns, its model id model), load them
+ * from a new engine; rates and latencies (sorted) of this round. */
+static int rb_tier(const rb_cfg *c, kvt_engine *w, kvt_ns_id ns, const char *model,
+                   const kvt_shape *sh, const uint32_t *tok, uint8_t *kv, double *lat,
+                   double *set_per_s, double *get_per_s) {
+  char d2[] = "/tmp/kvt-bench-remote-XXXXXX";
   double secs = 0;
-  int rc = 0;
-  kvt_engine *w = rb_open(c->url, d1), *rd = NULL;
-  if (!w) rc = KVT_EOPTION;
-  if (!rc) rc = rb_put(w, rb_register(w, sh, model), sh, tok, c->blocks, kv, &secs);
+  int rc = rb_put(w, ns, sh, tok, c->blocks, kv, &secs);
   *set_per_s = (double)c->blocks / secs;
-  if (w) kvt_engine_close(w);
-  if (!rc && !(rd = rb_open(c->url, d2))) rc = KVT_EOPTION;
+  kvt_engine *rd = NULL;
+  if (!rc && !(rd = rb_open(c->url, d2, 1ull << 30))) rc = KVT_EOPTION;
   if (!rc) rc = rb_get(rd, rb_register(rd, sh, model), sh, tok, c->blocks, lat, &secs);
   if (rd) kvt_engine_close(rd);
   if (!rc) {
     *get_per_s = (double)c->blocks / secs;
     qsort(lat, c->blocks, sizeof *lat, cmp_dbl);
   }
-  rb_rmdir(d1);
   rb_rmdir(d2);
   return rc;
+}
+
+/* The writer engine of size si, open for all rounds as a serving engine
+ * is: its hot tier holds one round's blocks (and one more, for the
+ * descriptors), so from the second round on
+ * every put makes room by evicting a block of the round before (in the
+ * cluster, durable) and reuses its payload buffer (base/mem.c's pool),
+ * as a serving engine with a full hot tier does. The first round fills
+ * the tier with fresh pages (set_first_round_per_s). */
+static kvt_engine *rb_writer(const rb_cfg *c, int si, const kvt_shape *sh, char *dir,
+                             char *model, size_t model_len, kvt_ns_id *ns) {
+  snprintf(model, model_len, "bench-remote-%d-%" PRIu64, si, now_ns());
+  kvt_engine *w = rb_open(c->url, dir, (c->blocks + 1) * 2 * kvt_shape_block_bytes(sh) * sh->n_layers);
+  *ns = w ? rb_register(w, sh, model) : UINT32_MAX;
+  return w;
 }
 
 /* Rounds of the tier and of redis-benchmark, alternating, so both meet
@@ -228,9 +244,15 @@ static int rb_size(const rb_cfg *c, int si, rb_result *r) {
     /* never more in flight than the writer's batch: the floor, at least 1 */
     r->set_client_depth = r->set_depth / r->set_clients ? r->set_depth / r->set_clients : 1;
   }
+  char dir[] = "/tmp/kvt-bench-remote-XXXXXX", model[64];
+  kvt_ns_id wns = UINT32_MAX;
+  kvt_engine *w = rc ? NULL : rb_writer(c, si, &sh, dir, model, sizeof model, &wns);
+  if (!rc && !w) rc = KVT_EOPTION;
   for (uint64_t round = 0; !rc && round < c->rounds; round++) {
     double set_s = 0, get_s = 0;
-    rc = rb_tier(c, si, &sh, tok, kv, lat, &set_s, &get_s);
+    tok[0] = (uint32_t)round; /* new blocks every round: every key is a hash of its prefix */
+    rc = rb_tier(c, w, wns, model, &sh, tok, kv, lat, &set_s, &get_s);
+    if (!rc && round == 0) r->set_first_per_s = set_s;
     if (!rc && get_s > r->get_per_s) { /* the latencies of the best round */
       r->p50_us = lat[c->blocks / 2];
       r->p99_us = lat[(c->blocks * 99) / 100 < c->blocks ? (c->blocks * 99) / 100 : c->blocks - 1];
@@ -247,6 +269,10 @@ static int rb_size(const rb_cfg *c, int si, rb_result *r) {
     double bg = rb_baseline(host, port, "get", r->value_bytes, nb, r->get_depth, 1);
     if (bs > r->rb_set_per_s) r->rb_set_per_s = bs;
     if (bg > r->rb_get_per_s) r->rb_get_per_s = bg;
+  }
+  if (w) {
+    kvt_engine_close(w);
+    rb_rmdir(dir);
   }
   free(tok);
   free(kv);
@@ -270,6 +296,7 @@ static void rb_json(const rb_result *r) {
     json_u64(&j, "block_bytes", r[i].block_bytes);
     json_u64(&j, "value_bytes", r[i].value_bytes);
     json_f64(&j, "set_blocks_per_s", r[i].set_per_s);
+    json_f64(&j, "set_first_round_per_s", r[i].set_first_per_s);
     json_f64(&j, "get_blocks_per_s", r[i].get_per_s);
     json_f64(&j, "load_p50_us", r[i].p50_us);
     json_f64(&j, "load_p99_us", r[i].p99_us);
@@ -316,8 +343,9 @@ int bench_remote(int argc, char **argv) {
   if (want_help) {
     printf("usage: kvtier bench remote --url URL [--blocks N] [--rounds R] [--json]\n\n"
            "Writes N token blocks of 128 KiB and of 2 MiB through a diskless engine with\n"
-           "a remote tier, loads them from a second one, and runs redis-benchmark on the\n"
-           "same cluster with values of the same size (docs/remote.md).\n\noptions:\n");
+           "a remote tier (one engine for all rounds, its hot tier one round's blocks),\n"
+           "loads them from a second one, and runs redis-benchmark on the same cluster\n"
+           "with values of the same size (docs/remote.md).\n\noptions:\n");
     cli_print_opts(stdout, o, RB_N_OPTS);
   }
   if (rc != CLI_OK || want_help) return rc;
