@@ -368,6 +368,15 @@ static void test_look_then_touch(void **state) {
   assert_int_equal(model_clock(&f), 8);
   touch(&f, 1); /* a use of 1, long after its lookup */
   assert_int_equal(model_clock(&f), 9);
+  /* Requests interleaved (threads, or the cold tier's committer adding
+   * meanwhile): another request's use and lookup between a lookup and
+   * its append do not make the append a use of its own. */
+  add(&f, 3, -1);
+  look(&f, 1);
+  touch(&f, 2); /* another request's append */
+  look(&f, 3);  /* and a third one's lookup */
+  touch(&f, 1); /* the append after the first lookup: the same use */
+  assert_int_equal(model_clock(&f), 13);
   close_ev(&f);
   open_ev(&f, KVT_EVICT_LRU);
   add(&f, 1, -1);

@@ -52,7 +52,7 @@ typedef struct ev_ent {
   int32_t heap_pos;            /* index in heap[!tail], -1 when not a leaf */
   uint8_t has_parent;
   uint8_t tail;                /* a tail as written: not used, no child since added */
-  uint32_t looked;             /* last used by the lookup run of this epoch (0: not looked) */
+  uint64_t looked;             /* tick of its last use when that was a look, else 0 */
   kvt_reuse_blk rb[];          /* LEARNED only: the block's history for the model */
 } ev_ent;
 
@@ -83,8 +83,6 @@ struct kvt_evict {
   double win_accesses, win_adds; /* LEARNED: accesses and adds lately (set_horizon) */
   size_t ent_bytes;            /* one entry (LEARNED's carry the model's history) */
   int loading;                 /* kvt_evict_load: an add that is no access */
-  uint32_t look_epoch;         /* lookup runs so far: a look after any other use starts one */
-  int in_looks;                /* the last use was a look */
 };
 
 static uint64_t key_hash(const kvt_key *k) {
@@ -392,15 +390,17 @@ static void learned_access(kvt_evict *ev, ev_ent *e) {
 }
 
 /* Is this touch of e the append (or find) that follows its lookup? A
- * look is pending until the tier's next lookup run: a server looks a
- * request's prompt up, then appends it, before it looks up the next one,
- * so a look its append did not follow by then was a lookup alone, and the
- * block's next touch is a use of its own (counted, not hidden). */
+ * look is pending for as many of the tier's uses as it holds blocks: a
+ * lookup finds at most that many, so the append of each comes within
+ * them when a server looks a prompt up and then appends it, with room
+ * for other requests' uses in between (threads interleave, and the cold
+ * tier's committer adds blocks meanwhile). A touch past that, a tier's
+ * worth of uses later (by then LRU would have let the block go), is a
+ * use of its own: a lookup no append followed does not hide the block's
+ * next use for long. */
 static int after_look(kvt_evict *ev, ev_ent *e, int look) {
-  if (look && !ev->in_looks && ++ev->look_epoch == 0) ev->look_epoch = 1; /* a new run */
-  ev->in_looks = look;
-  int again = !look && e->looked && e->looked == ev->look_epoch;
-  e->looked = look ? ev->look_epoch : 0;
+  int again = !look && e->looked && ev->tick - e->looked < ev->count;
+  e->looked = look ? ev->tick + 1 : 0; /* the tick use() gives this look */
   return again;
 }
 
@@ -430,7 +430,6 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   e->bytes = bytes;
   e->tick = e->ord = ++ev->tick;
   e->heap_pos = -1;
-  ev->in_looks = 0;
   /* CHAIN_LEAF: no probation. LEARNED keeps it: whether a block is the
    * request's last is not known when it is written, only after. */
   e->tail = ev->policy == KVT_EVICT_CHAIN || ev->policy == KVT_EVICT_LEARNED;

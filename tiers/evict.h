@@ -55,9 +55,10 @@ int kvt_evict_touch(kvt_evict *ev, const kvt_key *key);
  * found) refreshes recency only: a server looks a prompt up, then
  * appends it, and that is one use, not two - counted twice, LEARNED's
  * model would learn a reuse at distance zero from every hit. A look is
- * pending until the next lookup run (a look after any other use): a
- * touch after that is a use of its own, so a lookup no append followed
- * does not hide the block's next use. */
+ * pending for as many uses of the tier as it holds blocks (a lookup
+ * finds no more, other requests' uses may come in between): a touch
+ * after that is a use of its own, so a lookup no append followed does
+ * not hide the block's next use for long. */
 int kvt_evict_look(kvt_evict *ev, const kvt_key *key);
 /* Is key tracked? No side effect. */
 int kvt_evict_has(const kvt_evict *ev, const kvt_key *key);
