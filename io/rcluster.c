@@ -72,6 +72,7 @@ struct kvt_rc {
   uint32_t *queue;
   size_t scratch_n;
   char *rbuf;        /* RC_READ_BYTES */
+  rc_pool pool;      /* value buffers of released replies (kvt_rc_recycle) */
   kvt_rc_stats st;
 };
 
@@ -236,6 +237,7 @@ static redisReply *node_call(kvt_rc *rc, rc_node *nd, uint64_t deadline, int arg
  * AUTH. 0; -ETIMEDOUT, -ECONNREFUSED or another -errno; KVT_EAUTH. A node
  * in its down period returns -EAGAIN without trying. */
 static int node_connect(kvt_rc *rc, rc_node *nd, uint64_t deadline) {
+  nd->w.pool = &rc->pool;
   if (nd->c && !nd->c->err) return 0;
   node_drop(nd);
   uint64_t t = now_ms();
@@ -551,12 +553,15 @@ void kvt_rc_close(kvt_rc *rc) {
   free(rc->work);
   free(rc->queue);
   free(rc->rbuf);
+  rc_pool_free(&rc->pool);
   wipe(rc->pass, sizeof rc->pass);
   free(rc);
 }
 
 void kvt_rc_stats_get(const kvt_rc *rc, kvt_rc_stats *st) {
-  if (rc && st) *st = rc->st;
+  if (!rc || !st) return;
+  *st = rc->st;
+  st->values_reused = rc->pool.taken;
 }
 
 int kvt_rc_slot_node(const kvt_rc *rc, uint16_t slot, char *buf, size_t len) {
@@ -577,6 +582,18 @@ void kvt_rc_release(kvt_rc_cmd *cmds, size_t n) {
     cmds[i].out = NULL;
     cmds[i].out_len = 0;
   }
+}
+
+void kvt_rc_recycle(kvt_rc *rc, kvt_rc_cmd *cmds, size_t n) {
+  if (!cmds) return;
+  for (size_t i = 0; rc && i < n; i++) {
+    redisReply *r = cmds[i].reply_;
+    if (r && r->type == REDIS_REPLY_STRING && r->str) {
+      rc_pool_give(&rc->pool, r->str, r->len + 1);
+      r->str = NULL;
+    }
+  }
+  kvt_rc_release(cmds, n);
 }
 
 static void cmd_finish(kvt_rc *rc, kvt_rc_cmd *c, rc_work *w, kvt_rc_status s) {
@@ -924,7 +941,7 @@ int kvt_rc_exec(kvt_rc *rc, kvt_rc_cmd *cmds, size_t n) {
   uint64_t deadline = now_ms() + rc->cfg.deadline_ms;
   rc->st.batches++;
   rc->st.commands += n;
-  kvt_rc_release(cmds, n);
+  kvt_rc_recycle(rc, cmds, n);
   rc_work *work = rc->work;
   for (size_t i = 0; i < n; i++) {
     kvt_rc_cmd *c = &cmds[i];

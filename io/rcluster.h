@@ -87,6 +87,7 @@ typedef struct kvt_rc_stats {
   uint64_t retries;           /* commands sent again after a failure or TRYAGAIN */
   uint64_t unavailable;       /* commands that ended KVT_RC_UNAVAILABLE */
   uint64_t bytes_out, bytes_in; /* values written / read (payload bytes only) */
+  uint64_t values_reused;     /* values read into a buffer kvt_rc_recycle kept */
 } kvt_rc_stats;
 
 typedef struct kvt_rc kvt_rc;
@@ -110,6 +111,10 @@ void kvt_rc_close(kvt_rc *rc);
 int kvt_rc_exec(kvt_rc *rc, kvt_rc_cmd *cmds, size_t n);
 /* Free the GET values of a batch (out becomes NULL). */
 void kvt_rc_release(kvt_rc_cmd *cmds, size_t n);
+/* kvt_rc_release, the values' buffers kept by rc (bounded) for the
+ * replies of later execs: a value is then read into pages already
+ * mapped. rc NULL: kvt_rc_release. */
+void kvt_rc_recycle(kvt_rc *rc, kvt_rc_cmd *cmds, size_t n);
 
 /* The key's slot: CRC16-XMODEM of the key, or of the part between the
  * first '{' and the next '}' when that part is not empty, mod 16384. */

@@ -16,6 +16,36 @@
 #define RC_WIRE_IOV 256     /* segments per sendmsg (IOV_MAX is 1024) */
 #define RC_WIRE_LEN_DIGITS 18 /* a reply's length or integer: below 10^18 */
 
+char *rc_pool_take(rc_pool *p, size_t len) {
+  size_t best = p->n;
+  for (size_t i = 0; i < p->n; i++)
+    if (p->cap[i] >= len && (best == p->n || p->cap[i] < p->cap[best])) best = i;
+  if (best == p->n) return NULL;
+  char *b = p->buf[best];
+  p->taken++;
+  p->bytes -= p->cap[best];
+  p->n--;
+  p->buf[best] = p->buf[p->n];
+  p->cap[best] = p->cap[p->n];
+  return b;
+}
+
+void rc_pool_give(rc_pool *p, char *buf, size_t cap) {
+  if (!buf) return;
+  if (p->n == RC_POOL_N || cap > RC_POOL_BYTES - p->bytes) {
+    free(buf);
+    return;
+  }
+  p->buf[p->n] = buf;
+  p->cap[p->n++] = cap;
+  p->bytes += cap;
+}
+
+void rc_pool_free(rc_pool *p) {
+  for (size_t i = 0; i < p->n; i++) free(p->buf[i]);
+  p->n = p->bytes = 0;
+}
+
 void rc_wire_reset(rc_wire *w) {
   w->seg_n = w->seg_at = w->seg_done = 0;
   w->arena_len = 0;
@@ -234,7 +264,8 @@ static int bulk_start(rc_wire *w, const char *p, size_t n, size_t max_bulk, redi
   if (!b) return -1;
   b->len = (size_t)len;
   w->bulk_skip = (uint64_t)len > max_bulk;
-  if (!w->bulk_skip && !(b->str = malloc(b->len + 1))) {
+  if (!w->bulk_skip && w->pool) b->str = rc_pool_take(w->pool, b->len + 1);
+  if (!w->bulk_skip && !b->str && !(b->str = malloc(b->len + 1))) {
     free(b);
     return -1;
   }

@@ -1,8 +1,9 @@
 /* rcluster_wire.h - the data path of the Redis Cluster client (private to
  * io/): requests queued as segments and written with sendmsg (a large
  * value is sent from the caller's buffer, never copied), and replies parsed
- * from the socket, a bulk string read into its own buffer of exact size
- * (the bytes past the read buffer straight from the socket). */
+ * from the socket, a bulk string read into its own buffer, of exact size
+ * or a kept one it fits (rc_pool; the bytes past the read buffer straight
+ * from the socket). */
 #ifndef KVT_RCLUSTER_WIRE_H
 #define KVT_RCLUSTER_WIRE_H
 
@@ -21,6 +22,25 @@ typedef struct rc_seg {
   size_t off, len;
 } rc_seg;
 
+/* Value buffers of replies given back (kvt_rc_recycle), taken again by
+ * the next bulk replies: a value read into memory already mapped, not
+ * into fresh pages that recv must fault in (glibc returns a freed buffer
+ * of this size to the kernel). At most RC_POOL_N buffers, RC_POOL_BYTES. */
+#define RC_POOL_N 16
+#define RC_POOL_BYTES (64u << 20)
+typedef struct rc_pool {
+  char *buf[RC_POOL_N];
+  size_t cap[RC_POOL_N];
+  size_t n, bytes;
+  uint64_t taken; /* buffers taken again */
+} rc_pool;
+
+/* The smallest buffer of at least len bytes, taken out; NULL none. */
+char *rc_pool_take(rc_pool *p, size_t len);
+/* Keep buf (cap bytes) for a later reply, or free it when full. */
+void rc_pool_give(rc_pool *p, char *buf, size_t cap);
+void rc_pool_free(rc_pool *p);
+
 typedef struct rc_wire {
   /* out: segments seg[at..n) not yet sent, done bytes of seg[at] sent */
   rc_seg *seg;
@@ -33,6 +53,7 @@ typedef struct rc_wire {
   redisReply *bulk; /* a bulk string being read, NULL none */
   size_t bulk_got;  /* its value bytes read so far */
   int bulk_skip;    /* above the size limit: read and dropped (str NULL) */
+  rc_pool *pool;    /* the client's, NULL: every value malloc'd */
 } rc_wire;
 
 /* Forget what is queued and half read (the connection was closed). */

@@ -468,6 +468,48 @@ static void test_bad_calls(void **state) {
   }
 }
 
+/* A value's buffer given back by kvt_rc_recycle is read into again by
+ * a later GET of a value that fits (no fresh pages), with the right
+ * bytes; one that does not fit, or a buffer released, is not reused. */
+static void test_recycle(void **state) {
+  (void)state;
+  kvt_rc *rc = open_rc(NULL);
+  uint64_t salt = tu_rand();
+  static uint8_t v[3][131072];
+  const size_t len[3] = {65536, 60000, 131072};
+  uint8_t key[3][64];
+  kvt_rc_cmd c[3];
+  memset(c, 0, sizeof c);
+  for (uint32_t i = 0; i < 3; i++) {
+    fill_val(v[i], len[i], salt + i);
+    c[i] = (kvt_rc_cmd){.op = KVT_RC_SET_NX, .key = key[i], .key_len = make_key(key[i], "rcy", i, salt),
+                        .val = v[i], .val_len = len[i]};
+  }
+  assert_int_equal(kvt_rc_exec(rc, c, 3), 0);
+  kvt_rc_stats st;
+  /* 64 KiB (new, kept); 60000 into it (kept again); 128 KiB: it does not
+   * fit (new, released); 60000 into the kept one again */
+  uint32_t order[4] = {0, 1, 2, 1};
+  uint64_t want[4] = {0, 1, 1, 2};
+  kvt_rc_cmd g;
+  memset(&g, 0, sizeof g);
+  for (int k = 0; k < 4; k++) {
+    uint32_t i = order[k];
+    g = (kvt_rc_cmd){.op = KVT_RC_GET, .key = key[i], .key_len = c[i].key_len};
+    assert_int_equal(kvt_rc_exec(rc, &g, 1), 0);
+    assert_int_equal(g.status, KVT_RC_OK);
+    assert_int_equal(g.out_len, len[i]);
+    assert_memory_equal(g.out, v[i], len[i]);
+    kvt_rc_stats_get(rc, &st);
+    assert_int_equal(st.values_reused, want[k]);
+    if (k < 2) kvt_rc_recycle(rc, &g, 1);
+    else kvt_rc_release(&g, 1);
+  }
+  for (uint32_t i = 0; i < 3; i++) c[i].op = KVT_RC_DEL;
+  assert_int_equal(kvt_rc_exec(rc, c, 3), 0);
+  kvt_rc_close(rc);
+}
+
 int main(void) {
   rcu_require_redis();
   g_port = rcu_base_port(7100);
@@ -481,6 +523,7 @@ int main(void) {
       cmocka_unit_test(test_moved),
       cmocka_unit_test(test_ask),
       cmocka_unit_test(test_bad_calls),
+      cmocka_unit_test(test_recycle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

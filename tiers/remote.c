@@ -424,7 +424,7 @@ static int get_locked(kvt_remote *r, const kvt_key *key, uint8_t **v, size_t *le
     }
   }
   size_t got = st == KVT_RC_OK ? c.out_len : 0;
-  kvt_rc_release(&c, 1);
+  kvt_rc_recycle(r->rd, &c, 1);
   if (bad) {
     seen_take(r, key);
     bad_value(r, k, c.key_len);
@@ -508,7 +508,7 @@ static void get_batch_locked(kvt_remote *r, const kvt_key *keys, size_t n, kvt_r
     d.hits += good, d.misses += !good, d.bytes_in += ok ? cmd[i].out_len : 0;
     d.timeouts += !rc && cmd[i].status == KVT_RC_UNAVAILABLE;
   }
-  kvt_rc_release(cmd, n);
+  kvt_rc_recycle(r->rd, cmd, n);
   pthread_mutex_lock(&r->q_lock);
   r->n.hits += d.hits, r->n.misses += d.misses, r->n.bytes_in += d.bytes_in;
   r->n.timeouts += d.timeouts, r->n.evictions += d.evictions;
