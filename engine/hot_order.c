@@ -52,8 +52,8 @@ void kvt_hot_order_use(kvt_engine *e, kvt_tblk *tb, int lookup) {
   if (!tb->hot_tracked) return;
   /* A server looks a prompt up, then appends it: one use, not two (two
    * would teach the model a reuse at distance zero on every hit); a
-   * lookup no append followed by the next lookup does not hide the
-   * block's next use (kvt_evict_look). */
+   * lookup no append followed lapses after a tier's worth of uses and
+   * does not hide the block's next use (kvt_evict_look). */
   if (lookup) kvt_evict_look(e->hot_ev, &tb->key);
   else kvt_evict_touch(e->hot_ev, &tb->key);
 }

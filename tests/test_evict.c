@@ -359,8 +359,9 @@ static void test_look_then_touch(void **state) {
   look(&f, 1); /* two lookups: two uses */
   touch(&f, 1);
   assert_int_equal(model_clock(&f), 5);
-  /* A lookup its append did not follow: the next lookup run ends it, and
-   * the block's next touch is a use of its own, not hidden. */
+  /* A lookup its append did not follow lapses after as many uses as the
+   * tier holds blocks (here 2): the block's next touch after that is a
+   * use of its own, not hidden. */
   look(&f, 1); /* a lookup alone */
   add(&f, 2, -1); /* another request's write */
   look(&f, 2); /* the next request's lookup */
