@@ -4,7 +4,8 @@
  * reopen, and diskless), not a sibling chain; a remote hit copied into
  * the local tier is admitted under its own namespace; a remove cancels
  * the queued writes of its keys and waits for a batch in flight, so no
- * write recreates a dropped block. Skips (77) without redis-server. */
+ * write recreates a dropped block; the writer's batch spreads over the
+ * masters. Skips (77) without redis-server. */
 #include "testutil.h"
 
 #include <pthread.h>
@@ -286,6 +287,88 @@ static void test_remove_waits_in_flight(void **state) {
   assert_int_equal(waited, 1); /* it did wait for the batch */
 }
 
+/* ------------------------------------------------------------ batches */
+
+#define SP_N 5
+#define SP_EACH (256u << 10) /* 4 layers of 2 x 256 KiB: values of 2 MiB and a header */
+
+/* The master of a block's key, "host:port" into who, through client rc. */
+static void sp_master(kvt_rc *rc, const kvt_key *k, char *who, size_t len) {
+  char ks[KVT_REMOTE_KEY_MAX];
+  size_t n = kvt_remote_block_key(k, ks);
+  assert_int_equal(kvt_rc_slot_node(rc, kvt_rc_slot(ks, n), who, len), 0);
+}
+
+/* SP_N keys: the first three on one master, then one on each of two others. */
+static void sp_keys(kvt_rc *rc, kvt_key *keys) {
+  char who[SP_N][160];
+  int n = 0;
+  for (int tries = 0; n < SP_N && tries < 100000; tries++) {
+    kvt_key k = rfx_key(0);
+    char w[160];
+    sp_master(rc, &k, w, sizeof w);
+    int on_first = n > 0 && !strcmp(w, who[0]);
+    if (n < 3 ? n > 0 && !on_first : on_first || (n == 4 && !strcmp(w, who[3]))) continue;
+    snprintf(who[n], sizeof who[n], "%s", w);
+    keys[n++] = k;
+  }
+  assert_int_equal(n, SP_N);
+}
+
+static void sp_settled(void *arg, size_t from, size_t to, int rc) {
+  if (!rc) __atomic_add_fetch((size_t *)arg, to - from, __ATOMIC_RELAXED);
+}
+
+/* The writer's batch spreads over the masters: five values of 2 MiB
+ * queued, the first three for one master; its 8 MiB batch takes one for
+ * each of the three masters (each master's share 8/3 MiB, at least one
+ * value). Before, it took the first three, all for one master, and the
+ * batch kept the other two idle until that master had stored all three. */
+static void test_batch_spread(void **state) {
+  (void)state;
+  kvt_rc_config ccfg = {.url = g_url, .deadline_ms = 20000};
+  kvt_rc *rc;
+  assert_int_equal(kvt_rc_open(&ccfg, &rc, NULL, 0), 0);
+  kvt_key keys[SP_N], got[SP_N];
+  sp_keys(rc, keys);
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_remote_cfg cfg = {.url = g_url, .deadline_ms = 20000};
+  kvt_remote *r;
+  assert_int_equal(kvt_remote_open(&m, &cfg, &r, NULL, 0), 0);
+  kvt_remote_test_hold(r, 1, NULL, NULL); /* all five queued before it takes any */
+  static uint8_t kv[2 * SP_EACH];
+  const uint8_t *ptr[4] = {kv, kv, kv, kv};
+  kvt_store_rec recs[SP_N];
+  for (int i = 0; i < SP_N; i++)
+    recs[i] = (kvt_store_rec){.key = keys[i], .parent = rfx_key(0), .ns_seed = rfx_key(0),
+                              .n_layers = 4, .dtype = KVT_F16, .bytes_each = SP_EACH, .layers = ptr};
+  size_t stored = 0;
+  assert_int_equal(kvt_remote_post(r, recs, SP_N, KVT_REMOTE_WAIT, sp_settled, &stored), SP_N);
+  kvt_remote_test_hold(r, 2, NULL, NULL); /* it takes one batch and holds it */
+  int busy = 0;
+  for (int i = 0; i < 100000 && !busy; i++) {
+    kvt_remote_test_hold(r, -1, &busy, NULL);
+    if (!busy) q_pause();
+  }
+  assert_true(busy);
+  assert_int_equal(kvt_remote_test_flight(r, got, SP_N), 3);
+  char who[3][160];
+  for (int i = 0; i < 3; i++) sp_master(rc, &got[i], who[i], sizeof who[i]);
+  assert_string_not_equal(who[0], who[1]); /* one value per master */
+  assert_string_not_equal(who[0], who[2]);
+  assert_string_not_equal(who[1], who[2]);
+  kvt_remote_test_hold(r, 0, NULL, NULL);
+  kvt_remote_drain(r);
+  assert_int_equal(stored, SP_N); /* the two left for the next batch were sent too */
+  assert_int_equal(rfx_in_cluster(g_url, keys, SP_N), SP_N);
+  assert_int_equal(kvt_remote_remove_many(r, keys, SP_N), SP_N);
+  kvt_remote_close(r);
+  kvt_rc_close(rc);
+  assert_int_equal(kvt_mem_total(&m), 0);
+  kvt_mem_fini(&m);
+}
+
 int main(void) {
   rcu_require_redis();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", rcu_base_port(7100));
@@ -295,6 +378,7 @@ int main(void) {
       cmocka_unit_test(test_copy_namespace),
       cmocka_unit_test(test_remove_cancels_queued),
       cmocka_unit_test(test_remove_waits_in_flight),
+      cmocka_unit_test(test_batch_spread),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -15,6 +15,7 @@
 
 #define WRITE_BATCH 64u              /* SET NX per pipeline */
 #define WRITE_BATCH_BYTES (8u << 20)
+#define WRITE_SCAN 256u              /* queued jobs a batch is chosen from */
 /* The writer is off the serving path: a pipeline of 8 MiB on a loaded
  * host may take longer than a serving call's deadline, and giving up
  * would lose the write. Still bounded. */
@@ -43,6 +44,7 @@ typedef struct wjob {
   void *arg;
   size_t idx;
   int cancelled;              /* its key removed while queued: not sent (q_lock) */
+  uint16_t slot;              /* its key's cluster slot: whose batch share it takes */
 } wjob;
 
 typedef struct centry {
@@ -171,14 +173,52 @@ static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
   }
 }
 
-/* Take up to WRITE_BATCH jobs (WRITE_BATCH_BYTES) off the queue, q_lock held. */
+/* The master j's key goes to, in the writer's client (the writer thread
+ * only); KVT_RC_NODES_MAX for a slot no master is known for. */
+static int job_node(kvt_remote *r, const wjob *j) {
+  int nd = kvt_rc_slot_master(r->wr, j->slot);
+  return nd >= 0 && nd < (int)KVT_RC_NODES_MAX ? nd : (int)KVT_RC_NODES_MAX;
+}
+
+/* One master's share of a batch, q_lock held: WRITE_BATCH_BYTES over the
+ * masters the first WRITE_SCAN jobs of the queue go to. */
+static uint64_t batch_share(kvt_remote *r) {
+  uint8_t has[KVT_RC_NODES_MAX + 1] = {0};
+  unsigned masters = 0, seen = 0;
+  for (const wjob *j = r->head; j && seen < WRITE_SCAN; j = j->next, seen++) {
+    int nd = job_node(r, j);
+    masters += !has[nd];
+    has[nd] = 1;
+  }
+  return WRITE_BATCH_BYTES / (masters ? masters : 1);
+}
+
+/* Take up to WRITE_BATCH jobs (WRITE_BATCH_BYTES) off the queue, q_lock
+ * held, each master's at most its share (at least one job each): a batch
+ * is answered when its slowest master is done, so values piled on one
+ * master left the others idle for the rest of it (three 2 MiB values on
+ * three masters: one each, not three on one by chance of their keys). A
+ * job left for the next batch stays where it was in the queue, ahead of
+ * later ones. */
 static size_t take_jobs(kvt_remote *r, wjob **jobs) {
-  size_t n = 0, bytes = 0;
-  while (r->head && n < WRITE_BATCH && (n == 0 || bytes + r->head->len <= WRITE_BATCH_BYTES)) {
-    wjob *j = r->head;
-    r->head = j->next;
-    if (!r->head) r->tail = NULL;
+  uint64_t per[KVT_RC_NODES_MAX + 1] = {0};
+  uint64_t share = batch_share(r), bytes = 0;
+  size_t n = 0;
+  unsigned seen = 0;
+  wjob **pp = &r->head, *prev = NULL;
+  while (*pp && n < WRITE_BATCH && seen++ < WRITE_SCAN) {
+    wjob *j = *pp;
+    if (n && bytes + j->len > WRITE_BATCH_BYTES) break;
+    int nd = job_node(r, j);
+    if (per[nd] && per[nd] + j->len > share) { /* its master has its share: next batch */
+      prev = j;
+      pp = &j->next;
+      continue;
+    }
+    *pp = j->next;
+    if (r->tail == j) r->tail = prev;
     r->q_bytes -= j->len;
+    per[nd] += j->len;
     bytes += j->len;
     jobs[n++] = j;
   }
@@ -253,7 +293,9 @@ size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int f
     wjob *j = r->rdonly ? NULL : kvt_mem_calloc(r->mem, KVT_MEM_OTHER, sizeof *j);
     int rc = j ? job_encode(r, j, &recs[i], in_place) : -ENOMEM;
     if (!rc) {
+      char k[KVT_REMOTE_KEY_MAX];
       j->key = recs[i].key, j->settled = settled, j->arg = arg, j->idx = i;
+      j->slot = kvt_rc_slot(k, kvt_remote_block_key(&recs[i].key, k));
       if (!enqueue(r, j, flags & KVT_REMOTE_WAIT)) {
         queued++;
         continue;
@@ -312,6 +354,14 @@ size_t kvt_remote_test_queued(kvt_remote *r) {
   size_t n = 0;
   pthread_mutex_lock(&r->q_lock);
   for (const wjob *j = r->head; j; j = j->next) n++;
+  pthread_mutex_unlock(&r->q_lock);
+  return n;
+}
+
+size_t kvt_remote_test_flight(kvt_remote *r, kvt_key *keys, size_t cap) {
+  pthread_mutex_lock(&r->q_lock);
+  size_t n = r->n_flight;
+  for (size_t i = 0; i < n && i < cap; i++) keys[i] = r->flight[i]->key;
   pthread_mutex_unlock(&r->q_lock);
   return n;
 }
