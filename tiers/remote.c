@@ -13,9 +13,10 @@
 #include "io/rcluster_wire.h"
 #include "tiers/remote.h"
 
-#define WRITE_BATCH 64u              /* SET NX per pipeline */
-#define WRITE_BATCH_BYTES (8u << 20)
-#define WRITE_SCAN 256u              /* queued jobs a batch is chosen from */
+#define WRITE_BATCH 64u              /* SET NX in flight */
+#define WRITE_BATCH_BYTES (8u << 20) /* in flight, over all masters */
+#define WRITE_WINDOWS 4u             /* a batch: this many in-flight windows per master */
+#define WRITE_SCAN 1024u             /* queued jobs a batch is chosen from */
 /* The writer is off the serving path: a pipeline of 8 MiB on a loaded
  * host may take longer than a serving call's deadline, and giving up
  * would lose the write. Still bounded. */
@@ -128,9 +129,9 @@ static void job_free(kvt_remote *r, wjob *j) {
 
 /* Send jobs[0..n) as one pipeline; count and settle each. */
 static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
-  kvt_rc_cmd cmd[WRITE_BATCH];
-  char keys[WRITE_BATCH][KVT_REMOTE_KEY_MAX];
-  wjob *jobs[WRITE_BATCH];
+  kvt_rc_cmd cmd[WRITE_BATCH * WRITE_WINDOWS];
+  char keys[WRITE_BATCH * WRITE_WINDOWS][KVT_REMOTE_KEY_MAX];
+  wjob *jobs[WRITE_BATCH * WRITE_WINDOWS];
   size_t n = 0;
   memset(cmd, 0, sizeof cmd);
   for (size_t i = 0; i < n_all; i++) /* set only while queued: settled once taken */
@@ -142,7 +143,7 @@ static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
     cmd[i].key_len = kvt_remote_block_key(&jobs[i]->key, keys[i]);
   }
   kvt_remote_counts d = {0};
-  int rc[WRITE_BATCH];
+  int rc[WRITE_BATCH * WRITE_WINDOWS];
   int failed = n ? kvt_rc_exec(r->wr, cmd, n) : 0;
   if (failed) d.write_failures += n;
   for (size_t i = 0; i < n; i++) {
@@ -180,8 +181,8 @@ static int job_node(kvt_remote *r, const wjob *j) {
   return nd >= 0 && nd < (int)KVT_RC_NODES_MAX ? nd : (int)KVT_RC_NODES_MAX;
 }
 
-/* One master's share of a batch, q_lock held: WRITE_BATCH_BYTES over the
- * masters the first WRITE_SCAN jobs of the queue go to. */
+/* One master's window (in flight at once), q_lock held: WRITE_BATCH_BYTES
+ * over the masters the first WRITE_SCAN jobs of the queue go to. */
 static uint64_t batch_share(kvt_remote *r) {
   uint8_t has[KVT_RC_NODES_MAX + 1] = {0};
   unsigned masters = 0, seen = 0;
@@ -200,15 +201,15 @@ static uint64_t batch_share(kvt_remote *r) {
  * three masters: one each, not three on one by chance of their keys). A
  * job left for the next batch stays where it was in the queue, ahead of
  * later ones. */
-static size_t take_jobs(kvt_remote *r, wjob **jobs) {
+static size_t take_jobs(kvt_remote *r, wjob **jobs, uint64_t *window) {
   uint64_t per[KVT_RC_NODES_MAX + 1] = {0};
-  uint64_t share = batch_share(r), bytes = 0;
+  uint64_t share = (*window = batch_share(r)) * WRITE_WINDOWS, bytes = 0;
   size_t n = 0;
   unsigned seen = 0;
   wjob **pp = &r->head, *prev = NULL;
-  while (*pp && n < WRITE_BATCH && seen++ < WRITE_SCAN) {
+  while (*pp && n < WRITE_BATCH * WRITE_WINDOWS && seen++ < WRITE_SCAN) {
     wjob *j = *pp;
-    if (n && bytes + j->len > WRITE_BATCH_BYTES) break;
+    if (n && bytes + j->len > (uint64_t)WRITE_BATCH_BYTES * WRITE_WINDOWS) break;
     int nd = job_node(r, j);
     if (per[nd] && per[nd] + j->len > share) { /* its master has its share: next batch */
       prev = j;
@@ -227,17 +228,19 @@ static size_t take_jobs(kvt_remote *r, wjob **jobs) {
 
 static void *writer_main(void *arg) {
   kvt_remote *r = arg;
-  wjob *jobs[WRITE_BATCH];
+  wjob *jobs[WRITE_BATCH * WRITE_WINDOWS];
+  uint64_t window = 0;
   pthread_mutex_lock(&r->q_lock);
   for (;;) {
     while ((!r->head || r->hold == 1) && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
     if (!r->head) break;
-    size_t n = take_jobs(r, jobs);
+    size_t n = take_jobs(r, jobs, &window);
     r->busy = 1;
     r->flight = jobs, r->n_flight = n;
     pthread_cond_broadcast(&r->q_cv); /* room for posters */
     while (r->hold == 2 && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
     pthread_mutex_unlock(&r->q_lock);
+    kvt_rc_set_window(r->wr, window);
     write_batch(r, jobs, n);
     pthread_mutex_lock(&r->q_lock);
     r->busy = 0;
