@@ -13,9 +13,10 @@
 #include "io/rcluster_wire.h"
 #include "tiers/remote.h"
 
-#define WRITE_BATCH 64u              /* SET NX in flight */
-#define WRITE_BATCH_BYTES (8u << 20) /* in flight, over all masters */
-#define WRITE_WINDOWS 4u             /* a batch: this many in-flight windows per master */
+#define WRITE_BATCH 64u              /* SET NX of one window over all masters, at most */
+#define WRITE_BATCH_BYTES (8u << 20) /* in flight over all masters: a master's window
+                                      * is this over the masters */
+#define WRITE_WINDOWS 4u             /* a batch: this many windows of each master */
 #define WRITE_SCAN 1024u             /* queued jobs a batch is chosen from */
 /* The writer is off the serving path: a pipeline of 8 MiB on a loaded
  * host may take longer than a serving call's deadline, and giving up
@@ -194,13 +195,14 @@ static uint64_t batch_share(kvt_remote *r) {
   return WRITE_BATCH_BYTES / (masters ? masters : 1);
 }
 
-/* Take up to WRITE_BATCH jobs (WRITE_BATCH_BYTES) off the queue, q_lock
- * held, each master's at most its share (at least one job each): a batch
- * is answered when its slowest master is done, so values piled on one
- * master left the others idle for the rest of it (three 2 MiB values on
- * three masters: one each, not three on one by chance of their keys). A
- * job left for the next batch stays where it was in the queue, ahead of
- * later ones. */
+/* Take a batch off the queue, q_lock held: up to WRITE_WINDOWS of each
+ * master's windows (*window: its bytes in flight at once, which the
+ * client keeps it to; at least one job a master). The client refills a
+ * master's window as its replies come, and the batch is answered when
+ * its slowest master is done: values piled on one master by chance of
+ * their keys (three 2 MiB values on one of three masters, the whole 8 MiB
+ * batch before) left the others idle meanwhile. A job left for the next
+ * batch stays where it was in the queue, ahead of later ones. */
 static size_t take_jobs(kvt_remote *r, wjob **jobs, uint64_t *window) {
   uint64_t per[KVT_RC_NODES_MAX + 1] = {0};
   uint64_t share = (*window = batch_share(r)) * WRITE_WINDOWS, bytes = 0;
