@@ -572,6 +572,14 @@ int kvt_rc_slot_node(const kvt_rc *rc, uint16_t slot, char *buf, size_t len) {
   return 0;
 }
 
+int kvt_rc_slot_master(const kvt_rc *rc, uint16_t slot) {
+  return rc && slot < KVT_RC_SLOTS ? rc->slot_node[slot] : -1;
+}
+
+void kvt_rc_set_window(kvt_rc *rc, uint64_t bytes) {
+  if (rc) rc->cfg.max_inflight_bytes = bytes ? bytes : 8u << 20;
+}
+
 /* ------------------------------------------------------------ replies */
 
 void kvt_rc_release(kvt_rc_cmd *cmds, size_t n) {

@@ -126,6 +126,14 @@ void kvt_rc_stats_get(const kvt_rc *rc, kvt_rc_stats *st);
 /* The master serving slot in the current map, "host:port" into buf;
  * 0, or KVT_ENOTFOUND when no node serves it. For tests and tools. */
 int kvt_rc_slot_node(const kvt_rc *rc, uint16_t slot, char *buf, size_t len);
+/* The master serving slot in the current map as an index below
+ * KVT_RC_NODES_MAX (the same node, the same index, while the client is
+ * open), or -1 when none is known: for a caller that spreads its commands
+ * over the masters. Not synchronized, as every call on rc. */
+int kvt_rc_slot_master(const kvt_rc *rc, uint16_t slot);
+/* max_inflight_bytes of the following execs (0: the default): a caller
+ * that sends a larger batch keeps each node's pipeline at this depth. */
+void kvt_rc_set_window(kvt_rc *rc, uint64_t bytes);
 /* Load the slot map again now (bounded by deadline_ms). 0, or the error
  * of the last node tried. */
 int kvt_rc_refresh(kvt_rc *rc);

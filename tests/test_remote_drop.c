@@ -4,7 +4,8 @@
  * reopen, and diskless), not a sibling chain; a remote hit copied into
  * the local tier is admitted under its own namespace; a remove cancels
  * the queued writes of its keys and waits for a batch in flight, so no
- * write recreates a dropped block. Skips (77) without redis-server. */
+ * write recreates a dropped block; the writer's batch spreads over the
+ * masters. Skips (77) without redis-server. */
 #include "testutil.h"
 
 #include <pthread.h>
@@ -286,6 +287,98 @@ static void test_remove_waits_in_flight(void **state) {
   assert_int_equal(waited, 1); /* it did wait for the batch */
 }
 
+/* ------------------------------------------------------------ batches */
+
+#define SP_A 7                /* values queued first, all for one master */
+#define SP_N (SP_A + 2)       /* then one for each of two others */
+#define SP_EACH (256u << 10)  /* 4 layers of 2 x 256 KiB: values of 2 MiB and a header */
+
+/* The master of a block's key, "host:port" into who, through client rc. */
+static void sp_master(kvt_rc *rc, const kvt_key *k, char *who, size_t len) {
+  char ks[KVT_REMOTE_KEY_MAX];
+  size_t n = kvt_remote_block_key(k, ks);
+  assert_int_equal(kvt_rc_slot_node(rc, kvt_rc_slot(ks, n), who, len), 0);
+}
+
+/* SP_N keys: SP_A on one master, then one on each of two others. */
+static void sp_keys(kvt_rc *rc, kvt_key *keys, char (*who)[160]) {
+  int n = 0;
+  for (int tries = 0; n < SP_N && tries < 100000; tries++) {
+    kvt_key k = rfx_key(0);
+    char w[160];
+    sp_master(rc, &k, w, sizeof w);
+    int on_first = n > 0 && !strcmp(w, who[0]);
+    if (n < SP_A ? n > 0 && !on_first : on_first || (n > SP_A && !strcmp(w, who[SP_A])))
+      continue;
+    snprintf(who[n], sizeof who[n], "%s", w);
+    keys[n++] = k;
+  }
+  assert_int_equal(n, SP_N);
+}
+
+static void sp_settled(void *arg, size_t from, size_t to, int rc) {
+  if (!rc) __atomic_add_fetch((size_t *)arg, to - from, __ATOMIC_RELAXED);
+}
+
+/* The writer's batch spreads over the masters: SP_A values of 2 MiB for
+ * one master queued, then one for each of the two others. A batch is
+ * WRITE_WINDOWS windows per master, a window 8 MiB over the masters (3:
+ * 2.67 MiB, one value of 2 MiB in flight per master): it takes five of
+ * the first master's (10.5 MiB of 10.67) and the other two; the first
+ * master's last two wait. Before, a batch was the first 8 MiB of the
+ * queue: three values, all for the first master, and the other masters
+ * sat idle until it had stored them. */
+static void test_batch_spread(void **state) {
+  (void)state;
+  kvt_rc_config ccfg = {.url = g_url, .deadline_ms = 20000};
+  kvt_rc *rc;
+  assert_int_equal(kvt_rc_open(&ccfg, &rc, NULL, 0), 0);
+  kvt_key keys[SP_N], got[SP_N];
+  char who[SP_N][160], gw[160];
+  sp_keys(rc, keys, who);
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_remote_cfg cfg = {.url = g_url, .deadline_ms = 20000};
+  kvt_remote *r;
+  assert_int_equal(kvt_remote_open(&m, &cfg, &r, NULL, 0), 0);
+  kvt_remote_test_hold(r, 1, NULL, NULL); /* all queued before it takes any */
+  static uint8_t kv[2 * SP_EACH];
+  const uint8_t *ptr[4] = {kv, kv, kv, kv};
+  kvt_store_rec recs[SP_N];
+  for (int i = 0; i < SP_N; i++)
+    recs[i] = (kvt_store_rec){.key = keys[i], .parent = rfx_key(0), .ns_seed = rfx_key(0),
+                              .n_layers = 4, .dtype = KVT_F16, .bytes_each = SP_EACH, .layers = ptr};
+  size_t stored = 0;
+  assert_int_equal(kvt_remote_post(r, recs, SP_N, KVT_REMOTE_WAIT, sp_settled, &stored), SP_N);
+  kvt_remote_test_hold(r, 2, NULL, NULL); /* it takes one batch and holds it */
+  int busy = 0;
+  for (int i = 0; i < 100000 && !busy; i++) {
+    kvt_remote_test_hold(r, -1, &busy, NULL);
+    if (!busy) q_pause();
+  }
+  assert_true(busy);
+  size_t n = kvt_remote_test_flight(r, got, SP_N);
+  int per[3] = {0}; /* the first master, the second, the third */
+  for (size_t i = 0; i < n && i < SP_N; i++) {
+    sp_master(rc, &got[i], gw, sizeof gw);
+    per[!strcmp(gw, who[0]) ? 0 : !strcmp(gw, who[SP_A]) ? 1 : 2]++;
+  }
+  assert_int_equal(n, 7);
+  assert_int_equal(per[0], 5); /* its share: as many as fit in WRITE_WINDOWS windows */
+  assert_int_equal(per[1], 1);
+  assert_int_equal(per[2], 1);
+  assert_int_equal(kvt_remote_test_queued(r), 2);
+  kvt_remote_test_hold(r, 0, NULL, NULL);
+  kvt_remote_drain(r);
+  assert_int_equal(stored, SP_N); /* those left for the next batch were sent too */
+  assert_int_equal(rfx_in_cluster(g_url, keys, SP_N), SP_N);
+  assert_int_equal(kvt_remote_remove_many(r, keys, SP_N), SP_N);
+  kvt_remote_close(r);
+  kvt_rc_close(rc);
+  assert_int_equal(kvt_mem_total(&m), 0);
+  kvt_mem_fini(&m);
+}
+
 int main(void) {
   rcu_require_redis();
   snprintf(g_url, sizeof g_url, "redis://127.0.0.1:%d", rcu_base_port(7100));
@@ -295,6 +388,7 @@ int main(void) {
       cmocka_unit_test(test_copy_namespace),
       cmocka_unit_test(test_remove_cancels_queued),
       cmocka_unit_test(test_remove_waits_in_flight),
+      cmocka_unit_test(test_batch_spread),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

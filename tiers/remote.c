@@ -13,8 +13,11 @@
 #include "io/rcluster_wire.h"
 #include "tiers/remote.h"
 
-#define WRITE_BATCH 64u              /* SET NX per pipeline */
-#define WRITE_BATCH_BYTES (8u << 20)
+#define WRITE_BATCH 64u              /* SET NX of one window over all masters, at most */
+#define WRITE_BATCH_BYTES (8u << 20) /* in flight over all masters: a master's window
+                                      * is this over the masters */
+#define WRITE_WINDOWS 4u             /* a batch: this many windows of each master */
+#define WRITE_SCAN 1024u             /* queued jobs a batch is chosen from */
 /* The writer is off the serving path: a pipeline of 8 MiB on a loaded
  * host may take longer than a serving call's deadline, and giving up
  * would lose the write. Still bounded. */
@@ -43,6 +46,7 @@ typedef struct wjob {
   void *arg;
   size_t idx;
   int cancelled;              /* its key removed while queued: not sent (q_lock) */
+  uint16_t slot;              /* its key's cluster slot: whose batch share it takes */
 } wjob;
 
 typedef struct centry {
@@ -126,9 +130,9 @@ static void job_free(kvt_remote *r, wjob *j) {
 
 /* Send jobs[0..n) as one pipeline; count and settle each. */
 static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
-  kvt_rc_cmd cmd[WRITE_BATCH];
-  char keys[WRITE_BATCH][KVT_REMOTE_KEY_MAX];
-  wjob *jobs[WRITE_BATCH];
+  kvt_rc_cmd cmd[WRITE_BATCH * WRITE_WINDOWS];
+  char keys[WRITE_BATCH * WRITE_WINDOWS][KVT_REMOTE_KEY_MAX];
+  wjob *jobs[WRITE_BATCH * WRITE_WINDOWS];
   size_t n = 0;
   memset(cmd, 0, sizeof cmd);
   for (size_t i = 0; i < n_all; i++) /* set only while queued: settled once taken */
@@ -140,7 +144,7 @@ static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
     cmd[i].key_len = kvt_remote_block_key(&jobs[i]->key, keys[i]);
   }
   kvt_remote_counts d = {0};
-  int rc[WRITE_BATCH];
+  int rc[WRITE_BATCH * WRITE_WINDOWS];
   int failed = n ? kvt_rc_exec(r->wr, cmd, n) : 0;
   if (failed) d.write_failures += n;
   for (size_t i = 0; i < n; i++) {
@@ -171,14 +175,53 @@ static void write_batch(kvt_remote *r, wjob **all, size_t n_all) {
   }
 }
 
-/* Take up to WRITE_BATCH jobs (WRITE_BATCH_BYTES) off the queue, q_lock held. */
-static size_t take_jobs(kvt_remote *r, wjob **jobs) {
-  size_t n = 0, bytes = 0;
-  while (r->head && n < WRITE_BATCH && (n == 0 || bytes + r->head->len <= WRITE_BATCH_BYTES)) {
-    wjob *j = r->head;
-    r->head = j->next;
-    if (!r->head) r->tail = NULL;
+/* The master j's key goes to, in the writer's client (the writer thread
+ * only); KVT_RC_NODES_MAX for a slot no master is known for. */
+static int job_node(kvt_remote *r, const wjob *j) {
+  int nd = kvt_rc_slot_master(r->wr, j->slot);
+  return nd >= 0 && nd < (int)KVT_RC_NODES_MAX ? nd : (int)KVT_RC_NODES_MAX;
+}
+
+/* One master's window (in flight at once), q_lock held: WRITE_BATCH_BYTES
+ * over the masters the first WRITE_SCAN jobs of the queue go to. */
+static uint64_t batch_share(kvt_remote *r) {
+  uint8_t has[KVT_RC_NODES_MAX + 1] = {0};
+  unsigned masters = 0, seen = 0;
+  for (const wjob *j = r->head; j && seen < WRITE_SCAN; j = j->next, seen++) {
+    int nd = job_node(r, j);
+    masters += !has[nd];
+    has[nd] = 1;
+  }
+  return WRITE_BATCH_BYTES / (masters ? masters : 1);
+}
+
+/* Take a batch off the queue, q_lock held: up to WRITE_WINDOWS of each
+ * master's windows (*window: its bytes in flight at once, which the
+ * client keeps it to; at least one job a master). The client refills a
+ * master's window as its replies come, and the batch is answered when
+ * its slowest master is done: values piled on one master by chance of
+ * their keys (three 2 MiB values on one of three masters, the whole 8 MiB
+ * batch before) left the others idle meanwhile. A job left for the next
+ * batch stays where it was in the queue, ahead of later ones. */
+static size_t take_jobs(kvt_remote *r, wjob **jobs, uint64_t *window) {
+  uint64_t per[KVT_RC_NODES_MAX + 1] = {0};
+  uint64_t share = (*window = batch_share(r)) * WRITE_WINDOWS, bytes = 0;
+  size_t n = 0;
+  unsigned seen = 0;
+  wjob **pp = &r->head, *prev = NULL;
+  while (*pp && n < WRITE_BATCH * WRITE_WINDOWS && seen++ < WRITE_SCAN) {
+    wjob *j = *pp;
+    if (n && bytes + j->len > (uint64_t)WRITE_BATCH_BYTES * WRITE_WINDOWS) break;
+    int nd = job_node(r, j);
+    if (per[nd] && per[nd] + j->len > share) { /* its master has its share: next batch */
+      prev = j;
+      pp = &j->next;
+      continue;
+    }
+    *pp = j->next;
+    if (r->tail == j) r->tail = prev;
     r->q_bytes -= j->len;
+    per[nd] += j->len;
     bytes += j->len;
     jobs[n++] = j;
   }
@@ -187,17 +230,19 @@ static size_t take_jobs(kvt_remote *r, wjob **jobs) {
 
 static void *writer_main(void *arg) {
   kvt_remote *r = arg;
-  wjob *jobs[WRITE_BATCH];
+  wjob *jobs[WRITE_BATCH * WRITE_WINDOWS];
+  uint64_t window = 0;
   pthread_mutex_lock(&r->q_lock);
   for (;;) {
     while ((!r->head || r->hold == 1) && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
     if (!r->head) break;
-    size_t n = take_jobs(r, jobs);
+    size_t n = take_jobs(r, jobs, &window);
     r->busy = 1;
     r->flight = jobs, r->n_flight = n;
     pthread_cond_broadcast(&r->q_cv); /* room for posters */
     while (r->hold == 2 && !r->stop) pthread_cond_wait(&r->q_cv, &r->q_lock);
     pthread_mutex_unlock(&r->q_lock);
+    kvt_rc_set_window(r->wr, window);
     write_batch(r, jobs, n);
     pthread_mutex_lock(&r->q_lock);
     r->busy = 0;
@@ -253,7 +298,9 @@ size_t kvt_remote_post(kvt_remote *r, const kvt_store_rec *recs, size_t n, int f
     wjob *j = r->rdonly ? NULL : kvt_mem_calloc(r->mem, KVT_MEM_OTHER, sizeof *j);
     int rc = j ? job_encode(r, j, &recs[i], in_place) : -ENOMEM;
     if (!rc) {
+      char k[KVT_REMOTE_KEY_MAX];
       j->key = recs[i].key, j->settled = settled, j->arg = arg, j->idx = i;
+      j->slot = kvt_rc_slot(k, kvt_remote_block_key(&recs[i].key, k));
       if (!enqueue(r, j, flags & KVT_REMOTE_WAIT)) {
         queued++;
         continue;
@@ -312,6 +359,14 @@ size_t kvt_remote_test_queued(kvt_remote *r) {
   size_t n = 0;
   pthread_mutex_lock(&r->q_lock);
   for (const wjob *j = r->head; j; j = j->next) n++;
+  pthread_mutex_unlock(&r->q_lock);
+  return n;
+}
+
+size_t kvt_remote_test_flight(kvt_remote *r, kvt_key *keys, size_t cap) {
+  pthread_mutex_lock(&r->q_lock);
+  size_t n = r->n_flight;
+  for (size_t i = 0; i < n && i < cap; i++) keys[i] = r->flight[i]->key;
   pthread_mutex_unlock(&r->q_lock);
   return n;
 }

@@ -94,6 +94,9 @@ void kvt_remote_drain(kvt_remote *r);
 void kvt_remote_test_hold(kvt_remote *r, int hold, int *busy, uint64_t *waited);
 /* Tests only: jobs queued, not yet taken by the writer. */
 size_t kvt_remote_test_queued(kvt_remote *r);
+/* Tests only: the keys of the batch the writer has taken and not yet had
+ * answered (at most cap into keys); how many there are. */
+size_t kvt_remote_test_flight(kvt_remote *r, kvt_key *keys, size_t cap);
 
 /* How many of keys[0..n) lead that the cluster has (EXISTS, pipelined). */
 size_t kvt_remote_prefix(kvt_remote *r, const kvt_key *keys, size_t n);
