@@ -1407,7 +1407,8 @@ typedef struct kvt_remote_options {
                                    (seed nodes; IP addresses); NULL: no remote tier.
                                    Read during the open only, never printed */
   const char *password;       /**< NULL: the URL's, else env KVTIER_REDIS_PASSWORD */
-  uint64_t queue_bytes;       /**< values waiting to be written, at most (0: 64 MiB) */
+  uint64_t queue_bytes;       /**< values waiting to be written, at most (0: 64 MiB);
+                                   the writer's batch in flight (32 MiB at most) comes on top */
 } kvt_remote_options;
 
 /** kvt_engine_open_info() with a remote tier when ro->url is set: lookups

@@ -29,6 +29,7 @@
  * system calls per 64 KiB value. */
 #define RC_READ_BYTES (256u << 10)
 #define RC_READS_PER_EVENT 8u /* reads of one node per poll, so the others get their turn */
+#define RC_WINDOW_DEFAULT (8u << 20) /* max_inflight_bytes when the config leaves it 0 */
 
 typedef struct rc_node {
   char host[RC_HOST_MAX];
@@ -59,6 +60,7 @@ typedef struct rc_work {
 
 struct kvt_rc {
   kvt_rc_config cfg;
+  uint64_t window_open; /* cfg.max_inflight_bytes as opened (kvt_rc_set_window's 0) */
   char user[RC_CRED_MAX];
   char pass[RC_CRED_MAX];
   int has_pass;
@@ -478,7 +480,7 @@ static void config_defaults(kvt_rc_config *c) {
   if (!c->command_timeout_ms) c->command_timeout_ms = 500;
   if (!c->deadline_ms) c->deadline_ms = 1000;
   if (!c->max_inflight_requests) c->max_inflight_requests = 256;
-  if (!c->max_inflight_bytes) c->max_inflight_bytes = 8u << 20;
+  if (!c->max_inflight_bytes) c->max_inflight_bytes = RC_WINDOW_DEFAULT;
   if (!c->max_retries) c->max_retries = 3;
   if (!c->backoff_ms) c->backoff_ms = 10;
   if (!c->max_redirects) c->max_redirects = 5;
@@ -501,6 +503,7 @@ int kvt_rc_open(const kvt_rc_config *cfg, kvt_rc **out, char *err, size_t err_le
   rc->cfg.url = NULL; /* not kept: it may hold the password */
   rc->cfg.password = NULL;
   config_defaults(&rc->cfg);
+  rc->window_open = rc->cfg.max_inflight_bytes;
   for (uint32_t s = 0; s < KVT_RC_SLOTS; s++) rc->slot_node[s] = -1;
   int e = url_parse(rc, cfg->url, err, err_len);
   const char *pw = cfg->password ? cfg->password : (rc->has_pass ? NULL : getenv("KVTIER_REDIS_PASSWORD"));
@@ -577,7 +580,7 @@ int kvt_rc_slot_master(const kvt_rc *rc, uint16_t slot) {
 }
 
 void kvt_rc_set_window(kvt_rc *rc, uint64_t bytes) {
-  if (rc) rc->cfg.max_inflight_bytes = bytes ? bytes : 8u << 20;
+  if (rc) rc->cfg.max_inflight_bytes = bytes ? bytes : rc->window_open;
 }
 
 /* ------------------------------------------------------------ replies */

@@ -131,7 +131,7 @@ int kvt_rc_slot_node(const kvt_rc *rc, uint16_t slot, char *buf, size_t len);
  * open), or -1 when none is known: for a caller that spreads its commands
  * over the masters. Not synchronized, as every call on rc. */
 int kvt_rc_slot_master(const kvt_rc *rc, uint16_t slot);
-/* max_inflight_bytes of the following execs (0: the default): a caller
+/* max_inflight_bytes of the following execs (0: the value rc was opened with): a caller
  * that sends a larger batch keeps each node's pipeline at this depth. */
 void kvt_rc_set_window(kvt_rc *rc, uint64_t bytes);
 /* Load the slot map again now (bounded by deadline_ms). 0, or the error

@@ -368,6 +368,21 @@ static void test_batch_spread(void **state) {
   assert_int_equal(per[1], 1);
   assert_int_equal(per[2], 1);
   assert_int_equal(kvt_remote_test_queued(r), 2);
+  kvt_remote_test_hold(r, 1, NULL, NULL); /* it sends that batch and takes no other */
+  for (int i = 0; i < 100000 && busy; i++) {
+    kvt_remote_test_hold(r, -1, &busy, NULL);
+    if (busy) q_pause();
+  }
+  assert_false(busy);
+  kvt_remote_test_hold(r, 2, NULL, NULL); /* the next batch: the two left, in their order */
+  for (int i = 0; i < 100000 && !busy; i++) {
+    kvt_remote_test_hold(r, -1, &busy, NULL);
+    if (!busy) q_pause();
+  }
+  assert_true(busy);
+  assert_int_equal(kvt_remote_test_flight(r, got, SP_N), 2);
+  assert_memory_equal(&got[0], &keys[SP_A - 2], sizeof *got);
+  assert_memory_equal(&got[1], &keys[SP_A - 1], sizeof *got);
   kvt_remote_test_hold(r, 0, NULL, NULL);
   kvt_remote_drain(r);
   assert_int_equal(stored, SP_N); /* those left for the next batch were sent too */

@@ -15,7 +15,7 @@
 #include "util.h"
 
 #define RB_SIZES 2
-#define RB_WRITE_DEPTH 64u   /* SET NX per pipeline of the tier's writer (tiers/remote.c) */
+#define RB_WRITE_DEPTH 64u   /* values in flight counted at most (both sizes here are under it) */
 #define RB_BASELINE_MIN 256u /* redis-benchmark requests at least (fewer measure its start) */
 #define RB_ROUNDS_MAX 16u
 
@@ -268,7 +268,8 @@ static int rb_size(const rb_cfg *c, int si, rb_result *r) {
   size_t each = kvt_shape_block_bytes(&sh);
   *r = (rb_result){.block_bytes = 2 * each * sh.n_layers, .blocks = c->blocks, .rounds = c->rounds,
                    .value_bytes = kvt_cold_record_bytes(&sh), .get_depth = 1};
-  r->set_depth = (uint32_t)((8u << 20) / r->value_bytes); /* the writer's 8 MiB pipelines */
+  /* the writer's windows: 8 MiB in flight over the masters (tiers/remote.c) */
+  r->set_depth = (uint32_t)((8u << 20) / r->value_bytes);
   if (r->set_depth > RB_WRITE_DEPTH) r->set_depth = RB_WRITE_DEPTH;
   uint32_t *tok = malloc(c->blocks * sh.block_tokens * sizeof *tok);
   uint8_t *kv = calloc(1, 2 * each);
