@@ -168,10 +168,14 @@ static void phase_write(const char *dir, const scn *c, world *w) {
       uint32_t g = s * N_BLK + j, tok[4];
       tokens_of(c, g, tok);
       kvt_append_info info;
+      kvt_stats st0, st1;
+      /* Counted before the put: the flusher hands a block over as soon as
+       * its layers are in, so it may be written before kvt_sync is called
+       * (seen under ThreadSanitizer), and a count taken after the put
+       * would then call a block written in the background failed. */
+      tu_stats(e, &st0);
       CHECK(cu_append_put(q[s], &sh, salt, tok, &kv, &info) == 0);
       CHECK(info.durable == 0);
-      kvt_stats st0, st1;
-      tu_stats(e, &st0);
       int rc = kvt_sync(e); /* the group of this one block */
       tu_stats(e, &st1);
       /* It failed now, or an earlier block did and is still referenced
