@@ -274,7 +274,8 @@ typedef struct kvt_options {
   uint32_t cold_admit_min_seen;   /**< write a token block once appended this often (1: all);
                                        both rules must say yes, and with cold_evict
                                        KVT_EVICT_LEARNED (the default) a full tier may
-                                       also decline a block its model predicts unused:
+                                       also decline new content (a block extending a
+                                       prefix seen once) its model predicts unused:
                                        it is not written, kvt_sync() still returns 0 and
                                        kvt_seq_durable() stops before it
                                        (kvt_tier_stats.declined of the cold tier counts

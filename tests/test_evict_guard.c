@@ -137,21 +137,23 @@ static void test_ignores_unsampled(void **state) {
 
 /* One access of key in a tier of cap single-block chains: used if held,
  * else written where the order admits it (the least wanted going). */
-static void access_one(kvt_evict *ev, const kvt_key *key, uint64_t cap) {
+static void access_one(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint64_t cap) {
   if (kvt_evict_touch(ev, key)) return;
-  if (!kvt_evict_admit(ev, key, NULL, 0, 1, kvt_evict_count(ev) >= cap)) return;
+  if (!kvt_evict_admit(ev, key, parent, parent != NULL, 1, kvt_evict_count(ev) >= cap)) return;
   while (kvt_evict_count(ev) >= cap) {
     kvt_key v;
     assert_int_equal(kvt_evict_victim(ev, NULL, NULL, &v, NULL), 0);
     assert_int_equal(kvt_evict_remove(ev, &v, NULL), 0);
   }
-  assert_int_equal(kvt_evict_add(ev, key, NULL, 1), 0);
+  assert_int_equal(kvt_evict_add(ev, key, parent, 1), 0);
 }
 
-/* Hot blocks come back in turn while blocks used once stream between
- * them: the model learns that a block on its first access is worth less
- * than any hot one and declines it once the tier is full of hot blocks.
- * Distrusted, it declines nothing, as CHAIN. */
+/* Hot blocks come back in turn while chains of two blocks used once
+ * stream between them: the model learns that new content (the second
+ * block of a chain seen once) is worth less than any hot block and
+ * declines it once the tier is full; a chain head it writes (declining
+ * it would turn its whole request away), and a block past a prefix that
+ * came back. Distrusted, it declines nothing, as CHAIN. */
 static void test_distrusted_admits_all(void **state) {
   (void)state;
   enum { HOT = 100, ROUNDS = 200 };
@@ -162,9 +164,12 @@ static void test_distrusted_admits_all(void **state) {
   uint32_t scan_id = 1u << 20;
   for (uint32_t i = 0; i < ROUNDS; i++)
     for (uint32_t h = 0; h < HOT; h++) {
-      kvt_key hot = N(h), once = N(scan_id++);
-      access_one(ev, &hot, HOT + 1);
-      if (i >= 2) access_one(ev, &once, HOT + 1); /* the hot blocks are in first */
+      kvt_key hot = N(h), head = N(scan_id), once = N(scan_id + 1);
+      scan_id += 2;
+      access_one(ev, &hot, NULL, HOT + 1);
+      if (i < 2) continue; /* the hot blocks are in first */
+      access_one(ev, &head, NULL, HOT + 1);
+      access_one(ev, &once, &head, HOT + 1);
     }
   kvt_guard *g = kvt_evict_guard(ev);
   assert_non_null(g);
@@ -172,16 +177,26 @@ static void test_distrusted_admits_all(void **state) {
   kvt_guard_stats_get(g, &st);
   assert_true(st.accesses > 1000 && st.tier_hits > 0); /* the order reports its accesses */
   assert_int_equal(kvt_guard_trusted(g), 1);           /* here the model beats LRU */
-  /* A block on its first access: the model declines it (the tier is full). */
-  kvt_key fresh = K(scan_id + 1, 0), fresh2 = K(scan_id + 2, 0);
-  assert_int_equal(kvt_evict_admit(ev, &fresh, NULL, 0, 1, 1), 0);
+  /* New content: the model declines it (the tier is full); its chain
+   * head, on its first access too, it writes. */
+  kvt_key head = K(scan_id, 0), fresh = K(scan_id + 1, 0), head2 = K(scan_id + 2, 0),
+          fresh2 = K(scan_id + 3, 0);
+  access_one(ev, &head, NULL, HOT + 1);
+  assert_true(kvt_evict_has(ev, &head));
+  assert_int_equal(kvt_evict_admit(ev, &fresh, &head, 1, 1, 1), 0);
+  /* A first access past a prefix that came back (a hot block): written. */
+  kvt_key hot0 = N(0), past = K(scan_id + 4, 0);
+  assert_true(kvt_evict_has(ev, &hot0));
+  assert_int_equal(kvt_evict_admit(ev, &past, &hot0, 1, 1, 1), 1);
+  access_one(ev, &head2, NULL, HOT + 1);
   /* The guard finds the tier behind LRU (a loop the tier is said to miss). */
   for (uint32_t n = 0; kvt_guard_trusted(g) && n < 10000; n++) {
     kvt_key k = K((1u << 28) + n % 10, 1);
     kvt_guard_access(g, &k, 0, HOT + 1);
   }
   assert_int_equal(kvt_guard_trusted(g), 0);
-  assert_int_equal(kvt_evict_admit(ev, &fresh2, NULL, 0, 1, 1), 1);
+  assert_true(kvt_evict_has(ev, &head2));
+  assert_int_equal(kvt_evict_admit(ev, &fresh2, &head2, 1, 1, 1), 1);
   kvt_evict_free(ev);
   assert_int_equal(kvt_mem_bytes(&m, KVT_MEM_INDEX), 0);
   kvt_mem_fini(&m);

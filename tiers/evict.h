@@ -20,8 +20,8 @@
  *    tier's residence time) and the least dense goes - unless the model
  *    is not sure it is worth less than the least recently used leaf,
  *    which then goes. kvt_evict_admit() says whether a block is worth
- *    writing at all: not when the model is sure it is worth less than
- *    the leaf it would displace. A shadow LRU of sampled keys checks the
+ *    writing at all: not when it is new content (kvt_reuse_new_content)
+ *    the model is sure is worth less than the leaf it would displace. A shadow LRU of sampled keys checks the
  *    model on the live stream: while the tier is behind it, LEARNED
  *    decides as CHAIN does (tiers/evict_guard.h).
  * Costs: O(1) add, touch and remove for LRU; O(log n) for CHAIN (a binary
@@ -78,8 +78,10 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *arg, const kvt_key *key), 
  * access for the model (the following kvt_evict_add does not count it
  * again) and says whether the block should be written: always while the
  * tier is not full; when full, only when its prefix is tracked (or was
- * just admitted) and the model is not sure it is worth less than the
- * leaf it would displace. 1 (write it) or 0. */
+ * just admitted) and, for new content (a first access extending a prefix
+ * seen once), the model is not sure it is worth less than the leaf it
+ * would displace; a chain head, and a block extending a prefix that came
+ * back, are written. 1 (write it) or 0. */
 int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint32_t depth,
                     uint32_t ns, int full);
 

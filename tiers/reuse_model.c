@@ -94,6 +94,8 @@ static uint8_t class_of(const kvt_reuse_blk *b) {
   return (uint8_t)min_u32(h, C - 2);
 }
 
+int kvt_reuse_new_content(const kvt_reuse_blk *b) { return b->hits == 1 && b->fresh; }
+
 int kvt_reuse_create(kvt_mem *m, int cat, uint32_t history_slots, kvt_reuse **out) {
   *out = NULL;
   uint32_t n = 1024;

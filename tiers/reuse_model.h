@@ -54,6 +54,10 @@ uint64_t kvt_reuse_now(const kvt_reuse *r);
  * classed apart on its first access: new content, as opposed to the
  * first block written after a prefix that came back. */
 void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns, const kvt_reuse_blk *parent);
+/* Is b new content: accessed once, extending a prefix seen once (the
+ * request that wrote both) - the class the owner may decline to write?
+ * A chain head, or a block past a prefix that came back, is not. */
+int kvt_reuse_new_content(const kvt_reuse_blk *b);
 /* One access of b (a hit, or a write after a miss): counts the distance
  * from its previous access in the class it had then, moves it to its new
  * class and advances the clock. */
