@@ -184,6 +184,14 @@ static void test_distrusted_admits_all(void **state) {
   access_one(ev, &head, NULL, HOT + 1);
   assert_true(kvt_evict_has(ev, &head));
   assert_int_equal(kvt_evict_admit(ev, &fresh, &head, 1, 1, 1), 0);
+  /* Asked for again, it is no new content any more (it came back). */
+  assert_int_equal(kvt_evict_admit(ev, &fresh, &head, 1, 1, 1), 1);
+  /* A block stored before (loaded at open, its past unknown), hit once
+   * since: the block after it is not new content either. */
+  kvt_key old = K(scan_id + 5, 0), after_old = K(scan_id + 6, 0);
+  assert_int_equal(kvt_evict_load(ev, &old, NULL, 1), 0);
+  assert_int_equal(kvt_evict_touch(ev, &old), 1);
+  assert_int_equal(kvt_evict_admit(ev, &after_old, &old, 1, 1, 1), 1);
   /* A first access past a prefix that came back (a hot block): written. */
   kvt_key hot0 = N(0), past = K(scan_id + 4, 0);
   assert_true(kvt_evict_has(ev, &hot0));

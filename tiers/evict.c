@@ -442,7 +442,10 @@ int kvt_evict_add(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, uint
   if (learned(ev) && e->rb->staged) { /* its access was counted by kvt_evict_admit */
     e->rb->staged = 0;
   } else if (learned(ev) && ev->loading) { /* stored before: not accessed now */
-    if (!known) e->rb->last = kvt_reuse_now(ev->model); /* a put-back keeps its age */
+    if (!known) { /* a put-back keeps its age */
+      e->rb->last = kvt_reuse_now(ev->model);
+      e->rb->stored = 1; /* its past is unknown: not a prefix seen once */
+    }
   } else if (learned(ev)) {
     learned_access(ev, e);
   }

@@ -130,7 +130,7 @@ void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns, const kvt
   memset(b, 0, sizeof *b);
   b->depth = depth;
   b->ns = ns;
-  b->fresh = parent && parent->hits <= 1;
+  b->fresh = parent && parent->hits <= 1 && !parent->stored;
 }
 
 /* ---------- densities ---------- */

@@ -31,6 +31,8 @@ typedef struct kvt_reuse_blk {
   uint8_t cls;     /* class at its last access (its pending distance counts there) */
   uint8_t staged;  /* accessed by an admission the tier has not added yet */
   uint8_t fresh;   /* extends a prefix seen once: new content (kvt_reuse_blk_init) */
+  uint8_t stored;  /* stored before its history began (loaded at open): accessed
+                    * an unknown number of times, never new content's parent */
 } kvt_reuse_blk;
 
 typedef struct kvt_reuse kvt_reuse;
@@ -49,7 +51,8 @@ uint64_t kvt_reuse_now(const kvt_reuse *r);
 
 /* A fresh history for a block at depth in namespace ns (never accessed),
  * whose chain parent's history is parent (NULL: a chain head, or a parent
- * neither held nor remembered). A block whose parent had been accessed
+ * neither held nor remembered; one stored before its history began -
+ * loaded at open - counts as a prefix that came back). A block whose parent had been accessed
  * only once - in the request writing both, so their prefix is new - is
  * classed apart on its first access: new content, as opposed to the
  * first block written after a prefix that came back. */
