@@ -75,6 +75,8 @@ static double bucket_lo(uint32_t b) { return ldexp(1.0 + 0.5 * (b & 1), (int)(b 
 
 static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
+int kvt_reuse_new_content(const kvt_reuse_blk *b) { return b->hits == 1 && b->fresh; }
+
 /* The class: accesses seen (1, 2, 3, 4, 5-8, more). Measured on the
  * Mooncake conversation trace, where the share of accesses followed by
  * another grows from 24% for a block's first to 91% past its sixth. Also
@@ -89,12 +91,10 @@ static uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
  * This split raised the hit rate on both halves of that trace, replayed
  * apart, at 1M and 3M tokens (docs/capacity-planning.md). */
 static uint8_t class_of(const kvt_reuse_blk *b) {
-  if (b->hits == 1 && b->fresh) return C - 1; /* new content: see below */
+  if (kvt_reuse_new_content(b)) return C - 1;
   uint32_t h = b->hits <= 4 ? b->hits - 1 : b->hits <= 8 ? 4 : 5; /* hits >= 1 here */
   return (uint8_t)min_u32(h, C - 2);
 }
-
-int kvt_reuse_new_content(const kvt_reuse_blk *b) { return b->hits == 1 && b->fresh; }
 
 int kvt_reuse_create(kvt_mem *m, int cat, uint32_t history_slots, kvt_reuse **out) {
   *out = NULL;

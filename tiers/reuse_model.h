@@ -52,9 +52,9 @@ uint64_t kvt_reuse_now(const kvt_reuse *r);
 /* A fresh history for a block at depth in namespace ns (never accessed),
  * whose chain parent's history is parent (NULL: a chain head, or a parent
  * neither held nor remembered; one stored before its history began -
- * loaded at open - counts as a prefix that came back). A block whose parent had been accessed
- * only once - in the request writing both, so their prefix is new - is
- * classed apart on its first access: new content, as opposed to the
+ * loaded at open - counts as a prefix that came back). A block whose
+ * parent had been accessed only once - in the request writing both, so
+ * their prefix is new - is classed apart on its first access: new content, as opposed to the
  * first block written after a prefix that came back. */
 void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns, const kvt_reuse_blk *parent);
 /* Is b new content: accessed once, extending a prefix seen once (the
