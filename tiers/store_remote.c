@@ -201,9 +201,15 @@ static int rs_post(void *impl, const kvt_store_rec *recs, size_t n, size_t *post
     return 0;
   }
   copies_write(s);
-  int rc = kvt_store_post(s->local, recs, n, posted, settled, arg);
-  kvt_remote_post(s->r, recs, n, 0, NULL, NULL); /* best effort: full queue drops */
-  return rc;
+  /* The cluster's copy is queued first (best effort: a full queue drops
+   * it), copied while the caller still holds the payloads: once the
+   * local post is made, its settled call may come at once from the
+   * local tier's thread, and the engine count the blocks durable
+   * (kvt_sync returns) and unpin their payloads. Queued after it, a copy
+   * could read payloads no longer held, and a drain right after kvt_sync
+   * could miss it (test_remote_redrop, 1 run in about 5 under load). */
+  kvt_remote_post(s->r, recs, n, 0, NULL, NULL);
+  return kvt_store_post(s->local, recs, n, posted, settled, arg);
 }
 
 /* rs_write's settled: counts the records the cluster stored (writer thread). */
