@@ -22,8 +22,9 @@
  *    which then goes. kvt_evict_admit() says whether a block is worth
  *    writing at all: not when it is new content (kvt_reuse_new_content)
  *    the model is sure is worth less than the leaf it would displace.
- *    A shadow LRU of sampled keys checks the model on the live stream: while the tier is behind it, LEARNED
- *    decides as CHAIN does (tiers/evict_guard.h).
+ *    A shadow LRU of sampled keys checks the model on the live stream:
+ *    while the tier is behind it, LEARNED decides as CHAIN does
+ *    (tiers/evict_guard.h).
  * Costs: O(1) add, touch and remove for LRU; O(log n) for CHAIN (a binary
  * heap of leaves). Not thread-safe: the owner serializes calls. */
 #ifndef KVT_EVICT_H

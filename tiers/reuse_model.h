@@ -1,14 +1,15 @@
 /* reuse_model.h - a small online model of token-block reuse for the
  * learned eviction order (KVT_EVICT_LEARNED, tiers/evict.c): for each
- * class of block (by how often it was accessed) the distribution of the distance, in accesses to the tier, to a block's
- * next access, learned online from the accesses the tier sees. From it,
- * the rank of a block of a class at an age (accesses since its last use):
- * its hit density, the chance it is used again within the horizon per
- * unit of space-time it would hold until then. Labels are known by then:
- * a distance is counted when the next access comes; an access with none
- * yet counts as not reused. Memory is fixed at create: the histograms and
- * a table of recently seen blocks the tier does not hold (their history).
- * Not thread-safe: the owner serializes calls. */
+ * class of block (by how often it was accessed) the distribution of the
+ * distance, in accesses to the tier, to a block's next access, learned
+ * online from the accesses the tier sees. From it, the rank of a block
+ * of a class at an age (accesses since its last use): its hit density,
+ * the chance it is used again within the horizon per unit of space-time
+ * it would hold until then. Labels are known by then: a distance is
+ * counted when the next access comes; an access with none yet counts as
+ * not reused. Memory is fixed at create: the histograms and a table of
+ * recently seen blocks the tier does not hold (their history). Not
+ * thread-safe: the owner serializes calls. */
 #ifndef KVT_REUSE_MODEL_H
 #define KVT_REUSE_MODEL_H
 
@@ -54,8 +55,9 @@ uint64_t kvt_reuse_now(const kvt_reuse *r);
  * neither held nor remembered; one stored before its history began -
  * loaded at open - counts as a prefix that came back). A block whose
  * parent had been accessed only once - in the request writing both, so
- * their prefix is new - is classed apart on its first access: new content, as opposed to the
- * first block written after a prefix that came back. */
+ * their prefix is new - is classed apart on its first access: new
+ * content, as opposed to the first block written after a prefix that
+ * came back. */
 void kvt_reuse_blk_init(kvt_reuse_blk *b, uint32_t depth, uint32_t ns, const kvt_reuse_blk *parent);
 /* Is b new content: accessed once, extending a prefix seen once (the
  * request that wrote both) - the class the owner may decline to write?
