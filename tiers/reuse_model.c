@@ -89,7 +89,7 @@ int kvt_reuse_new_content(const kvt_reuse_blk *b) { return b->hits == 1 && b->fr
  * conversation), and on the conversation trace those come back later and
  * more rarely than the first block written after a prefix that was hit.
  * This split raised the hit rate on both halves of that trace, replayed
- * apart, at 1M and 3M tokens (docs/capacity-planning.md). */
+ * apart, at 1M and 3M tokens (docs/learned-order-log.md). */
 static uint8_t class_of(const kvt_reuse_blk *b) {
   if (kvt_reuse_new_content(b)) return C - 1;
   uint32_t h = b->hits <= 4 ? b->hits - 1 : b->hits <= 8 ? 4 : 5; /* hits >= 1 here */
