@@ -2,7 +2,8 @@
  * (tiers/evict_guard.c): a shadow LRU of sampled keys that finds the tier
  * behind it stops trusting the model, tries it again later, and ignores
  * keys outside its sample; wired into evict.c, a distrusted model admits
- * every write as CHAIN does, and the order feeds the guard its accesses. */
+ * every write as CHAIN does, and the order feeds the guard its accesses.
+ * And the model chooses no victim before its clock has run two horizons. */
 #include "testutil.h"
 
 #include <string.h>
@@ -210,6 +211,61 @@ static void test_distrusted_admits_all(void **state) {
   kvt_mem_fini(&m);
 }
 
+/* One access in two orders at once, a learned one and CHAIN, which hold
+ * the same blocks until their victims first differ: used if held, else
+ * written and then used once (so it leaves the tails as written). 0 while
+ * they agree; 1 at the first eviction where they do not. */
+static int access_both(kvt_evict *const ev[2], const kvt_key *key, uint64_t cap) {
+  int held = kvt_evict_touch(ev[0], key);
+  if (held != kvt_evict_touch(ev[1], key)) return 1;
+  if (held) return 0;
+  while (kvt_evict_count(ev[0]) >= cap) {
+    kvt_key v[2];
+    for (int i = 0; i < 2; i++) {
+      assert_int_equal(kvt_evict_victim(ev[i], NULL, NULL, &v[i], NULL), 0);
+      assert_int_equal(kvt_evict_remove(ev[i], &v[i], NULL), 0);
+    }
+    if (memcmp(&v[0], &v[1], sizeof v[0])) return 1;
+  }
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(kvt_evict_admit(ev[i], key, NULL, 0, 1, kvt_evict_count(ev[i]) >= cap), 1);
+    assert_int_equal(kvt_evict_add(ev[i], key, NULL, 1), 0);
+    assert_int_equal(kvt_evict_touch(ev[i], key), 1);
+  }
+  return 0;
+}
+
+/* A loop of blocks that come back a little later than LRU keeps them,
+ * between blocks used twice and never again: the learned order keeps the
+ * loop and gives up the others instead of LRU's leaf - but not before
+ * its clock has run two horizons (the tier's residence time). Until then
+ * it gives up CHAIN's victim, though full and evicting. */
+static void test_departs_once_seasoned(void **state) {
+  (void)state;
+  enum { CAP = 2000, LOOP = 1200, STEPS = 20000 };
+  kvt_mem m;
+  kvt_mem_init(&m, 0);
+  kvt_evict *ev[2];
+  assert_int_equal(kvt_evict_create(&m, KVT_MEM_INDEX, KVT_EVICT_LEARNED, &ev[0]), 0);
+  assert_int_equal(kvt_evict_create(&m, KVT_MEM_INDEX, KVT_EVICT_CHAIN, &ev[1]), 0);
+  assert_int_equal(kvt_evict_seasoned(ev[1]), 0); /* CHAIN has no model */
+  int differ = 0, unseasoned_full = 0, seasoned_at_split = 0;
+  uint32_t step = 0;
+  for (; step < STEPS && !differ; step++) {
+    kvt_key loop = N(step % LOOP), once = N((1u << 24) + step);
+    int seasoned = kvt_evict_seasoned(ev[0]);
+    if (!seasoned && kvt_evict_count(ev[0]) >= CAP) unseasoned_full++;
+    differ = access_both(ev, &loop, CAP) || access_both(ev, &once, CAP);
+    if (differ) seasoned_at_split = seasoned;
+  }
+  assert_true(differ);            /* the learned order does depart */
+  assert_true(unseasoned_full > 100); /* full for a while before it may */
+  assert_true(seasoned_at_split); /* and it departs only once seasoned */
+  for (int i = 0; i < 2; i++) kvt_evict_free(ev[i]);
+  assert_int_equal(kvt_mem_bytes(&m, KVT_MEM_INDEX), 0);
+  kvt_mem_fini(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_trips_when_behind),
@@ -217,6 +273,7 @@ int main(void) {
       cmocka_unit_test(test_retries_and_backs_off),
       cmocka_unit_test(test_ignores_unsampled),
       cmocka_unit_test(test_distrusted_admits_all),
+      cmocka_unit_test(test_departs_once_seasoned),
   };
   return tu_exit(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -99,6 +99,11 @@ int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len);
  * for tests and reports. */
 struct kvt_guard *kvt_evict_guard(kvt_evict *ev);
 
+/* LEARNED: does the model choose victims yet? Not until its clock has run
+ * two horizons (the tier's residence time): before, the victim is CHAIN's.
+ * 0 for other policies; for tests and reports. */
+int kvt_evict_seasoned(const kvt_evict *ev);
+
 uint64_t kvt_evict_count(const kvt_evict *ev);
 uint64_t kvt_evict_bytes(const kvt_evict *ev);
 
