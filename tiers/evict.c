@@ -397,11 +397,9 @@ static int sampled_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), v
  * Admission is not gated: it weighs a block at age 0. A model loaded at
  * open brings its clock: a restarted tier that had run that long decides
  * at once. */
-static int seasoned(const kvt_evict *ev) {
-  return kvt_reuse_now(ev->model) >= SEASON_HORIZONS * kvt_reuse_horizon(ev->model);
+int kvt_evict_seasoned(const kvt_evict *ev) {
+  return learned(ev) && kvt_reuse_now(ev->model) >= SEASON_HORIZONS * kvt_reuse_horizon(ev->model);
 }
-
-int kvt_evict_seasoned(const kvt_evict *ev) { return learned(ev) && seasoned(ev); }
 
 static void learned_access(kvt_evict *ev, ev_ent *e) {
   count_access(ev, 1, 0);
@@ -584,7 +582,7 @@ int kvt_evict_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *
     rc = heap_victim(ev, &ev->heap[0], keep, arg, &e); /* tails as written */
     /* The model decides once it has seen enough, and only while it is
      * not behind a shadow LRU. */
-    if (rc && learned(ev) && seasoned(ev) && kvt_guard_trusted(ev->guard))
+    if (rc && kvt_evict_seasoned(ev) && kvt_guard_trusted(ev->guard))
       rc = sampled_victim(ev, keep, arg, &e);
     if (rc) rc = heap_victim(ev, &ev->heap[1], keep, arg, &e);
     /* Only non-leaves are left, all kept children: fall back to recency. */

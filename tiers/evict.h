@@ -19,7 +19,8 @@
  *    (tiers/reuse_model.h: hit density by class and age, the horizon the
  *    tier's residence time) and the least dense goes - unless the model
  *    is not sure it is worth less than the least recently used leaf,
- *    which then goes. kvt_evict_admit() says whether a block is worth
+ *    which then goes; and until the model's clock has run two horizons
+ *    (kvt_evict_seasoned) CHAIN's leaf goes. kvt_evict_admit() says whether a block is worth
  *    writing at all: not when it is new content (kvt_reuse_new_content)
  *    the model is sure is worth less than the leaf it would displace.
  *    A shadow LRU of sampled keys checks the model on the live stream:
