@@ -293,7 +293,7 @@ int kvt_ns_drop(kvt_engine *e, kvt_ns_id id) {
     kvt_key seed = ns->seed;
     kvt_nsrec_free(e, ns);
     e->st.namespaces--;
-    if (kvt_flush_on(e)) rc = kvt_store_drop(e->store, &seed, NULL, 0, NULL);
+    if (kvt_store_any(e)) rc = kvt_store_drop(e->store, &seed, NULL, 0, NULL);
   }
   pthread_mutex_unlock(&e->lock);
   return rc;

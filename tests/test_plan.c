@@ -92,6 +92,39 @@ static void test_meta_cold_chain_vs_lru(void **state) {
   }
 }
 
+/* A namespace dropped from a metadata-only engine leaves nothing behind:
+ * its blocks stop counting against the cold tier, the namespace
+ * registered again with the same description finds none of them, and
+ * another namespace's blocks stay, in every order. */
+static void test_meta_ns_drop(void **state) {
+  (void)state;
+  kvt_shape sh = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 16, .dtype = KVT_F16,
+                  .block_tokens = BT};
+  const int policies[] = {KVT_EVICT_CHAIN, KVT_EVICT_LRU, KVT_EVICT_CHAIN_LEAF, KVT_EVICT_LEARNED};
+  for (size_t p = 0; p < sizeof policies / sizeof *policies; p++) {
+    kvt_engine *e = meta_open(12, policies[p], &sh);
+    kvt_ns_id a = tu_register(e, "plan-test-a", &sh), b = tu_register(e, "plan-test-b", &sh);
+    put_chain(e, a, &sh, 1, 5);
+    put_chain(e, b, &sh, 1, 3);
+    kvt_stats st;
+    tu_stats(e, &st);
+    assert_int_equal(st.cold_records, 8);
+    assert_int_equal(kvt_ns_drop(e, a), 0);
+    tu_stats(e, &st);
+    assert_int_equal(st.cold_records, 3);
+    assert_int_equal(found_of(e, b, 1, 3), 3);
+    a = tu_register(e, "plan-test-a", &sh);
+    assert_int_equal(found_of(e, a, 1, 5), 0);
+    put_chain(e, a, &sh, 2, 8); /* fits beside b's 3 only if a's first 5 are gone */
+    tu_stats(e, &st);
+    assert_int_equal(st.cold_records, 11);
+    assert_int_equal(st.evictions[KVT_TIER_COLD], 0);
+    assert_int_equal(found_of(e, b, 1, 3), 3);
+    assert_int_equal(found_of(e, a, 2, 8), 8);
+    kvt_engine_close(e);
+  }
+}
+
 /* A directory is still required outside metadata-only mode, and a cold
  * tier smaller than one record refuses the write instead of failing. */
 static void test_meta_open_rules(void **state) {
@@ -818,6 +851,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_meta_cold_chain_vs_lru),
       cmocka_unit_test(test_meta_open_rules),
+      cmocka_unit_test(test_meta_ns_drop),
       cmocka_unit_test(test_replay_matches_lru_sim),
       cmocka_unit_test(test_replay_chain_matches_sim),
       cmocka_unit_test(test_mooncake_unbounded_is_max_reuse),

@@ -93,7 +93,7 @@ static uint64_t replay_scan_mix(int policy) {
         const kvt_key *parent = k ? &keys[k - 1] : NULL;
         if (kvt_cold_meta_find(c, &keys[k]) == 0) continue;
         if (kvt_cold_meta_admit(c, &keys[k], parent, k, 1, REC))
-          kvt_cold_meta_write(c, &keys[k], parent, REC);
+          kvt_cold_meta_write(c, &keys[k], parent, NULL, REC);
       }
     }
   }

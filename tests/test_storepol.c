@@ -115,7 +115,7 @@ static void replay(const req *reqs, size_t n, size_t t, uint64_t cap, log_t *l, 
       if (kvt_cold_meta_find(c, &keys[k]) == 0) continue; /* stored past a miss */
       int ok = kvt_cold_meta_admit(c, &keys[k], parent, k, 1, REC);
       log_add(l, (uint64_t)ok, &keys[k]); /* 1 admitted, 0 declined */
-      if (ok) kvt_cold_meta_write(c, &keys[k], parent, REC);
+      if (ok) kvt_cold_meta_write(c, &keys[k], parent, NULL, REC);
     }
   }
   kvt_cold_meta_close(c);

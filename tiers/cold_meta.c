@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "tiers/cold_meta.h"
 #include "tiers/evict.h"
@@ -46,8 +47,16 @@ void kvt_cold_meta_set_hooks(kvt_cold_meta *c, int (*keep)(void *, const kvt_key
   c->arg = arg;
 }
 
+/* A namespace's mark on its blocks: its seed's first 8 bytes (seeds are
+ * hashes), never 0, which marks none. */
+static uint64_t ns_tag(const kvt_key *seed) {
+  uint64_t t;
+  memcpy(&t, seed->b, 8);
+  return t ? t : 1;
+}
+
 int kvt_cold_meta_write(kvt_cold_meta *c, const kvt_key *key, const kvt_key *parent,
-                        uint64_t rec_bytes) {
+                        const kvt_key *ns_seed, uint64_t rec_bytes) {
   if (kvt_evict_touch(c->ev, key)) return 0;
   if (rec_bytes > c->bytes_limit) {
     c->refusals++;
@@ -65,6 +74,7 @@ int kvt_cold_meta_write(kvt_cold_meta *c, const kvt_key *key, const kvt_key *par
   }
   int rc = kvt_evict_add(c->ev, key, parent, rec_bytes);
   if (rc) return rc;
+  if (ns_seed) kvt_evict_set_tag(c->ev, key, ns_tag(ns_seed));
   c->written++;
   c->bytes_written += rec_bytes;
   return 0;
@@ -89,6 +99,10 @@ size_t kvt_cold_meta_prefix(kvt_cold_meta *c, const kvt_key *keys, size_t n) {
 
 int kvt_cold_meta_remove(kvt_cold_meta *c, const kvt_key *key) {
   return kvt_evict_remove(c->ev, key, NULL);
+}
+
+int64_t kvt_cold_meta_drop_ns(kvt_cold_meta *c, const kvt_key *ns_seed) {
+  return kvt_evict_remove_tagged(c->ev, ns_tag(ns_seed), NULL);
 }
 
 void kvt_cold_meta_stats(const kvt_cold_meta *c, kvt_cold_stats *st) {

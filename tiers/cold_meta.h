@@ -26,12 +26,13 @@ void kvt_cold_meta_close(kvt_cold_meta *c); /* accepts NULL */
 void kvt_cold_meta_set_hooks(kvt_cold_meta *c, int (*keep)(void *arg, const kvt_key *key),
                              void (*evicted)(void *arg, const kvt_key *key), void *arg);
 
-/* Write one record of rec_bytes: evicts blocks, in policy order, until it
- * fits. 0 (also when key is stored already: it is touched); KVT_EFULL
- * (larger than the limit, or everything left is kept; blocks evicted
- * before that stay evicted, as on disk); -ENOMEM. */
+/* Write one record of rec_bytes, of the namespace whose seed is ns_seed
+ * (NULL: none; kvt_cold_meta_drop_ns): evicts blocks, in policy order,
+ * until it fits. 0 (also when key is stored already: it is touched);
+ * KVT_EFULL (larger than the limit, or everything left is kept; blocks
+ * evicted before that stay evicted, as on disk); -ENOMEM. */
 int kvt_cold_meta_write(kvt_cold_meta *c, const kvt_key *key, const kvt_key *parent,
-                        uint64_t rec_bytes);
+                        const kvt_key *ns_seed, uint64_t rec_bytes);
 /* Should key (not stored), at depth of its chain in namespace ns, be
  * written now? The eviction order's admission (kvt_evict_admit): always 1
  * but under KVT_EVICT_LEARNED with the tier full. Counts the access. */
@@ -43,6 +44,9 @@ int kvt_cold_meta_find(kvt_cold_meta *c, const kvt_key *key);
 size_t kvt_cold_meta_prefix(kvt_cold_meta *c, const kvt_key *keys, size_t n);
 /* Forget key (a drop). 0 or KVT_ENOTFOUND. */
 int kvt_cold_meta_remove(kvt_cold_meta *c, const kvt_key *key);
+/* Forget every block written with ns_seed (a namespace dropped): how
+ * many, or -ENOMEM (then none is). */
+int64_t kvt_cold_meta_drop_ns(kvt_cold_meta *c, const kvt_key *ns_seed);
 
 /* records, live_bytes, bytes_limit, records_written, bytes_written,
  * evictions, full_refusals; the rest zero, backend "metadata". */

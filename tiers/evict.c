@@ -54,6 +54,7 @@ typedef struct ev_ent {
   uint8_t has_parent;
   uint8_t tail;                /* a tail as written: not used, no child since added */
   uint64_t looked;             /* tick of its last use when that was a look, else 0 */
+  uint64_t tag;                /* the owner's mark (kvt_evict_set_tag), 0 if none */
   kvt_reuse_blk rb[];          /* LEARNED only: the block's history for the model */
 } ev_ent;
 
@@ -532,6 +533,36 @@ int kvt_evict_remove(kvt_evict *ev, const kvt_key *key, uint64_t *bytes) {
   ev->bytes -= e->bytes;
   kvt_mem_free(ev->m, ev->cat, e, ev->ent_bytes);
   return 0;
+}
+
+int kvt_evict_set_tag(kvt_evict *ev, const kvt_key *key, uint64_t tag) {
+  ev_ent *e = find(ev, key);
+  if (!e) return KVT_ENOTFOUND;
+  e->tag = tag;
+  return 0;
+}
+
+/* The keys are gathered first: removing one may move others (a parent
+ * whose last child went joins a heap), never while the table is walked. */
+int64_t kvt_evict_remove_tagged(kvt_evict *ev, uint64_t tag, uint64_t *bytes) {
+  if (bytes) *bytes = 0;
+  size_t n = 0;
+  for (size_t i = 0; i < ev->n_buckets; i++)
+    for (const ev_ent *e = ev->buckets[i]; e; e = e->hnext) n += e->tag == tag;
+  if (!n) return 0;
+  kvt_key *keys = kvt_mem_alloc(ev->m, ev->cat, n * sizeof *keys);
+  if (!keys) return -ENOMEM;
+  size_t k = 0;
+  for (size_t i = 0; i < ev->n_buckets; i++)
+    for (const ev_ent *e = ev->buckets[i]; e; e = e->hnext)
+      if (e->tag == tag) keys[k++] = e->key;
+  for (k = 0; k < n; k++) {
+    uint64_t b = 0;
+    kvt_evict_remove(ev, &keys[k], &b);
+    if (bytes) *bytes += b;
+  }
+  kvt_mem_free(ev->m, ev->cat, keys, n * sizeof *keys);
+  return (int64_t)n;
 }
 
 static int lru_victim(kvt_evict *ev, int (*keep)(void *, const kvt_key *), void *arg, ev_ent **out) {

@@ -67,6 +67,12 @@ int kvt_evict_has(const kvt_evict *ev, const kvt_key *key);
 /* Stop tracking key; *bytes (may be NULL) receives its size.
  * 0 or KVT_ENOTFOUND. */
 int kvt_evict_remove(kvt_evict *ev, const kvt_key *key, uint64_t *bytes);
+/* The owner's mark on key (the metadata tier: its namespace), for
+ * kvt_evict_remove_tagged; 0 is no mark. 0 or KVT_ENOTFOUND. */
+int kvt_evict_set_tag(kvt_evict *ev, const kvt_key *key, uint64_t tag);
+/* Stop tracking every key marked tag (not 0); *bytes (may be NULL)
+ * receives their size. How many, or -ENOMEM (then none is removed). */
+int64_t kvt_evict_remove_tagged(kvt_evict *ev, uint64_t tag, uint64_t *bytes);
 
 /* The next block to give up, not removed: the first in policy order for
  * which keep(arg, key) returns 0 (keep may be NULL). Blocks kept stay

@@ -48,7 +48,7 @@ static int meta_write(void *impl, const kvt_store_rec *recs, size_t n, size_t *w
   pthread_mutex_lock(&s->mu);
   for (; i < n && !rc; i += rc == 0) {
     uint64_t bytes = kvt_cold_record_max(recs[i].n_layers, recs[i].bytes_each);
-    rc = kvt_cold_meta_write(s->c, &recs[i].key, &recs[i].parent, bytes);
+    rc = kvt_cold_meta_write(s->c, &recs[i].key, &recs[i].parent, &recs[i].ns_seed, bytes);
   }
   pthread_mutex_unlock(&s->mu);
   if (written) *written = i;
@@ -80,12 +80,21 @@ static int meta_remove(void *impl, const kvt_key *key) {
 }
 
 /* The metadata tier records no chains: a drop removes root alone (the
- * engine removes what extends it from RAM), a namespace drop nothing. */
+ * engine removes what extends it from RAM); it does record each block's
+ * namespace, so a namespace drop (root NULL) removes every block of it. */
 static int meta_drop(void *impl, const kvt_key *seed, const kvt_key *root, uint32_t root_pos,
                      uint64_t *dropped) {
-  (void)seed;
   (void)root_pos;
-  if (root && meta_remove(impl, root) == 0 && dropped) *dropped = 1;
+  if (root) {
+    if (meta_remove(impl, root) == 0 && dropped) *dropped = 1;
+    return 0;
+  }
+  meta_store *s = impl;
+  pthread_mutex_lock(&s->mu);
+  int64_t n = kvt_cold_meta_drop_ns(s->c, seed);
+  pthread_mutex_unlock(&s->mu);
+  if (n < 0) return (int)n;
+  if (dropped) *dropped = (uint64_t)n;
   return 0;
 }
 
