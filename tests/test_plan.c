@@ -588,6 +588,7 @@ static void test_bad_input(void **state) {
   expect_exit("--model llama-3.1-8b --bogus", 2);
   expect_exit("--model llama-3.1-8b --config x.json", 2);
   expect_exit("--model llama-3.1-8b --trace /no/such/file.jsonl", 1);
+  expect_exit("--model llama-3.1-8b --requests 10 --train /no/such/file.jsonl", 1);
   expect_exit("--model llama-3.1-8b --trace x.jsonl --output 0", 2); /* 0 is given too */
   expect_exit("--model llama-3.1-8b --svg x.svg", 2);                /* needs --sweep */
   expect_exit("--model llama-3.1-8b --admit-min-seen 2", 2);         /* needs --hot */
@@ -846,6 +847,68 @@ static void test_default_policy_learned(void **state) {
   tu_rmtree(dir);
 }
 
+/* The integer after the nth (from 0) "key": in json. */
+static uint64_t json_u64_nth(const char *json, const char *key, int nth) {
+  char pat[64];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *p = json;
+  for (int i = 0; i < nth; i++) {
+    p = strstr(p, pat);
+    assert_non_null(p);
+    p += strlen(pat);
+  }
+  return json_u64_in(p, NULL, key);
+}
+
+/* --train: the engine under test replays another trace first, in a
+ * namespace dropped before the measured replay. Only the learned order's
+ * state may carry over: CHAIN and LRU, which learn nothing, give their
+ * untrained figures to the token (hits and evictions at every capacity:
+ * nothing of the training stays stored, no count of it is reported), the
+ * LRU and MIN rows never move, and the learned order's figures do. */
+static void test_train_carries_only_the_model(void **state) {
+  (void)state;
+  char *dir = tu_tmpdir(), path[512], train[512], cmd[1536];
+  snprintf(path, sizeof path, "%s/measured.jsonl", dir);
+  snprintf(train, sizeof train, "%s/train.jsonl", dir);
+  size_t n_req = 400;
+  trace_req *r = calloc(n_req, sizeof *r);
+  const char *keys[] = {"prefill_tokens_saved", "lru_prefill_tokens_saved",
+                        "belady_prefill_tokens_saved", "evictions"};
+  int learned_moved = 0;
+  for (int tries = 0; tries < 8 && !learned_moved; tries++) {
+    gen_trace(r, n_req, train);
+    gen_trace(r, n_req, path);
+    for (int pol = 0; pol < 3; pol++) {
+      const char *name = pol == 0 ? "chain" : pol == 1 ? "lru" : "learned";
+      char *out[2];
+      for (int t = 0; t < 2; t++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s plan --model smollm2-1.7b --trace %s --policy %s --sweep --json "
+                 "--capacities %u,%u,%u %s%s",
+                 bin(), path, name, 20 * BT, 40 * BT, 80 * BT, t ? "--train " : "", t ? train : "");
+        int st;
+        out[t] = run(cmd, &st);
+        assert_int_equal(st, 0);
+      }
+      assert_non_null(strstr(out[0], "\"train\": null"));
+      assert_non_null(strstr(out[1], "\"train\": \""));
+      for (int row = 0; row < 3; row++) /* the three capacities */
+        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+          uint64_t a = json_u64_nth(out[0], keys[k], row), b = json_u64_nth(out[1], keys[k], row);
+          if (pol < 2 || k == 1 || k == 2) assert_int_equal(a, b);
+          else if (k == 0) learned_moved |= a != b;
+        }
+      free(out[0]);
+      free(out[1]);
+    }
+  }
+  print_message("learned order's figures moved by training: %s\n", learned_moved ? "yes" : "no");
+  assert_true(learned_moved);
+  free(r);
+  tu_rmtree(dir);
+}
+
 int main(void) {
   tu_seed();
   const struct CMUnitTest tests[] = {
@@ -863,6 +926,7 @@ int main(void) {
       cmocka_unit_test(test_capacities_sorted),
       cmocka_unit_test(test_admit_min_seen),
       cmocka_unit_test(test_default_policy_learned),
+      cmocka_unit_test(test_train_carries_only_the_model),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   if (rc == 0 && skipped) {

@@ -32,7 +32,7 @@
 #define OUTPUT_UNSET UINT64_MAX /* --output not given (0 is a valid value) */
 
 typedef struct plan_cfg {
-  const char *model, *config, *trace, *policy, *codec, *svg, *caps;
+  const char *model, *config, *trace, *train, *policy, *codec, *svg, *caps;
   const char *hot_gib, *warm_gib, *cold_tokens, *nvme_read, *nvme_write, *prefill, *tflops;
   const char *shared, *rate;
   uint64_t agents, context, requests, output, min_seen, seed;
@@ -44,6 +44,7 @@ typedef struct plan_cfg {
 typedef struct plan_setup {
   plan_model m;
   plan_trace t;
+  plan_trace train;            /* --train: what the order learns from first (n 0: none) */
   int policy;                  /* KVT_EVICT_* of the engine under test */
   uint32_t min_seen;           /* kvt_options.cold_admit_min_seen */
   int k_codec, v_codec;        /* warm codecs */
@@ -57,6 +58,7 @@ typedef struct plan_setup {
   uint64_t rec_folded;         /* its cold record, folded shape (what limits count) */
   double duration_s;
   const char *source;          /* trace path or "synthetic" */
+  const char *train_source;    /* --train's path */
   plan_future *future;         /* the trace's next uses, for the offline optimum */
 } plan_setup;
 
@@ -70,12 +72,13 @@ typedef struct sim {
   uint64_t cold_read_bytes, window_bytes, peak_window_bytes;
   int64_t window;              /* the simulated second window_bytes counts */
   uint64_t cold_fast_tokens;   /* cold-hit tokens loaded before recompute would finish */
-  kvt_stats st;                /* at the end */
+  kvt_stats st;                /* at the end (counters: since --train's replay) */
+  kvt_stats base;              /* counters after --train's replay (zero without) */
 } sim;
 
 /* ---- options -------------------------------------------------------------- */
 
-#define PLAN_N_OPTS 24
+#define PLAN_N_OPTS 25
 
 static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
 {
@@ -101,6 +104,8 @@ static void plan_opts(plan_cfg *c, cli_opt o[PLAN_N_OPTS])
       {"--admit-min-seen", "N", CLI_U64, &c->min_seen, 1, 1u << 20,
        "cold admission: write a block once seen N times (default 1)"},
       {"--policy", "P", CLI_STR, &c->policy, 0, 0, "cold eviction: learned (default), chain, chain-leaf, lru"},
+      {"--train", "FILE", CLI_STR, &c->train, 0, 0,
+       "a Mooncake trace the order learns from first (e.g. an earlier day's): see below"},
       {"--sweep", NULL, CLI_FLAG, &c->sweep, 0, 0, "replay at several cold capacities, hot and warm at 0"},
       {"--capacities", "LIST", CLI_STR, &c->caps, 0, 0, "sweep capacities (default 1M,2M,3M,5M,10M,20M,50M,inf)"},
       {"--svg", "FILE", CLI_STR, &c->svg, 0, 0, "sweep chart (default kvtier-plan.svg, none with --json)"},
@@ -125,6 +130,12 @@ void plan_usage(FILE *f)
              "capacity, from the trace's future) beside both: gap_closed is the share of the\n"
              "LRU-to-optimum gap the policy closes. Guide: docs/capacity-planning.md.\n\n");
   cli_print_opts(f, o, PLAN_N_OPTS);
+  fprintf(f, "\n--train: the engine under test first replays FILE in a namespace of its own,\n"
+             "which is then dropped: its tiers start the measured replay empty, as LRU's and\n"
+             "MIN's do, and only what its order learned (the learned order's model) carries\n"
+             "over - what a server restarted with the model its cold index kept gets. With\n"
+             "the measured trace itself as FILE, the model knows the trace's statistics in\n"
+             "advance: a ceiling, not a forecast.\n");
   plan_fleet_usage(f);
   fprintf(f, "\nbuilt-in models:\n");
   plan_model_list(f);
@@ -276,6 +287,8 @@ static int setup_workload(const plan_cfg *c, plan_setup *p)
       return CLI_FAIL;
     }
   }
+  p->train_source = c->train;
+  if (c->train && plan_trace_load(c->train, &p->train)) return CLI_FAIL;
   const plan_trace *t = &p->t;
   p->duration_s = (t->reqs[t->n - 1].t_ms - t->reqs[0].t_ms) / 1e3;
   if (p->duration_s < 1) p->duration_s = 1;
@@ -458,10 +471,10 @@ static int sim_request(const plan_setup *p, sim *s, const plan_req *r, const uin
   return rc ? cli_lib_error("plan", "replaying a request", rc) : CLI_OK;
 }
 
-/* Replay the whole workload through n engines, request by request. */
-static int replay(const plan_setup *p, sim *sims, size_t n, const char *label)
+/* Replay trace t through n engines, request by request. */
+static int replay_trace(const plan_setup *p, const plan_trace *t, sim *sims, size_t n,
+                        const char *label)
 {
-  const plan_trace *t = &p->t;
   uint32_t *tokens = malloc((size_t)t->max_blocks * PLAN_BLOCK_TOKENS * sizeof *tokens);
   kvt_lookup_entry *ent = malloc(t->max_blocks * sizeof *ent);
   int rc = tokens && ent ? CLI_OK : CLI_FAIL;
@@ -479,6 +492,51 @@ static int replay(const plan_setup *p, sim *sims, size_t n, const char *label)
   free(tokens);
   free(ent);
   return rc;
+}
+
+/* The counters of st since base. */
+static void stats_since(kvt_stats *st, const kvt_stats *base)
+{
+  st->puts -= base->puts;
+  st->demotions -= base->demotions;
+  st->cold_written -= base->cold_written;
+  for (int t = 0; t < KVT_N_TIERS; t++) st->evictions[t] -= base->evictions[t];
+}
+
+/* Replay the workload through n engines; the figures are its own. */
+static int replay(const plan_setup *p, sim *sims, size_t n, const char *label)
+{
+  int rc = replay_trace(p, &p->t, sims, n, label);
+  for (size_t k = 0; !rc && k < n; k++) stats_since(&sims[k].st, &sims[k].base);
+  return rc;
+}
+
+/* --train: s replays the training trace in a namespace of its own, then
+ * drops it (every tier lets its blocks go, the metadata cold tier too),
+ * so s starts the measured replay as empty as an untrained engine; what
+ * carries over is its orders' state (the learned order's model, its
+ * clock and horizon, its check against LRU). The figures restart. */
+static int sim_train(const plan_setup *p, sim *s)
+{
+  if (!p->train.n) return CLI_OK;
+  kvt_ns_desc d = {.model_id = p->m.name, .weights_fingerprint = "plan --train", .tp_size = 1,
+                   .shape = p->shape};
+  kvt_ns_id measured = s->ns;
+  int rc = kvt_ns_register(s->e, &d, &s->ns);
+  if (!rc) rc = kvt_ns_set_codec(s->e, s->ns, KVT_ALL_LAYERS, p->k_codec, p->v_codec);
+  if (rc) return cli_lib_error("plan", "registering the training namespace", rc);
+  rc = replay_trace(p, &p->train, s, 1, "training");
+  if (rc) return rc;
+  rc = kvt_ns_drop(s->e, s->ns);
+  if (!rc) rc = kvt_stats_get(s->e, &s->base);
+  if (rc) return cli_lib_error("plan", "dropping the training namespace", rc);
+  if (s->base.tier_blocks[KVT_TIER_COLD] || s->base.tier_bytes[KVT_TIER_HOT] ||
+      s->base.tier_bytes[KVT_TIER_WARM]) {
+    fprintf(stderr, "kvtier plan: the training namespace left blocks behind after its drop\n");
+    return CLI_FAIL;
+  }
+  *s = (sim){.e = s->e, .ns = measured, .policy = s->policy, .window = -1, .base = s->base};
+  return CLI_OK;
 }
 
 static void sim_close(sim *s)
@@ -539,6 +597,9 @@ static void print_header(const plan_setup *p)
          fmt_bytes(b3, sizeof b3, (uint64_t)bt.cold), fmt_bytes(b4, sizeof b4, p->rec_true));
   printf("workload  %s: %zu requests over %.0f s, %.1fM input tokens (mean context %.0f)\n",
          p->source, p->t.n, p->duration_s, p->t.input_tokens / 1e6, mean_context(p));
+  if (p->train.n)
+    printf("trained   on %s first: %zu requests, in a namespace dropped before the replay\n",
+           p->train_source, p->train.n);
 }
 
 static void json_header(const plan_setup *p)
@@ -558,7 +619,11 @@ static void json_header(const plan_setup *p)
   printf(", \"requests\": %zu, \"duration_s\": %.3f, \"input_tokens\": %" PRIu64
          ", \"output_tokens\": %" PRIu64 "},\n",
          p->t.n, p->duration_s, p->t.input_tokens, p->t.output_tokens);
-  printf(" \"policy\": \"%s\", \"admit_min_seen\": %u,\n", policy_name(p->policy), p->min_seen);
+  printf(" \"policy\": \"%s\", \"admit_min_seen\": %u, \"train\": ", policy_name(p->policy),
+         p->min_seen);
+  if (p->train.n) json_string(stdout, p->train_source);
+  else printf("null");
+  printf(",\n");
 }
 
 /* ---- the offline optimum ------------------------------------------------------ */
@@ -722,8 +787,9 @@ static void report_json(const plan_setup *p, const sim *s, const plan_belady_sta
 
 static int run_one(const plan_setup *p, int json)
 {
-  sim s[2];
+  sim s[2] = {0}; /* closed whether opened or not */
   int rc = sim_open(p, p->caps[0], p->policy, &s[0]);
+  if (!rc) rc = sim_train(p, &s[0]);
   if (!rc) rc = sim_open(p, p->caps[0], KVT_EVICT_LRU, &s[1]);
   if (!rc) rc = replay(p, s, 2, "replay");
   progress_end();
@@ -750,11 +816,12 @@ typedef struct sweep_row {
 
 static int sweep_one(const plan_setup *p, uint64_t cap, sweep_row *row)
 {
-  sim s[2];
+  sim s[2] = {0}; /* closed whether opened or not */
   char label[64], c[32];
   fmt_tokens(c, sizeof c, cap);
   snprintf(label, sizeof label, "capacity %s", c);
   int rc = sim_open(p, cap, p->policy, &s[0]);
+  if (!rc) rc = sim_train(p, &s[0]);
   if (!rc) rc = sim_open(p, cap, KVT_EVICT_LRU, &s[1]);
   if (!rc) rc = replay(p, s, 2, label);
   if (!rc) {
@@ -961,5 +1028,6 @@ int cmd_plan(int argc, char **argv)
   if (!rc) rc = c.sweep ? run_sweep(&p, &c) : run_one(&p, c.json);
   plan_future_free(p.future);
   plan_trace_free(&p.t);
+  plan_trace_free(&p.train);
   return rc;
 }
