@@ -295,10 +295,14 @@ static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const
 
 /* KVT_EVICT_LEARNED's model (weights and clock) is one record of the meta
  * table, "reuse_model" (tiers/reuse_model.c says its versioned layout),
- * written at close and read at open, so a restarted writer does not start
- * from nothing. The model only ranks blocks: a record of another version,
- * or one that does not check, is ignored (the model starts afresh), and a
- * store without one is fine. fsck --repair does not carry it over. */
+ * read at open and written at close - and after a group commit whenever
+ * the model has counted KVT_COLD_MODEL_SAVE_EVERY accesses since it was last
+ * written, so a writer killed without closing restarts with what it had
+ * learned up to then, not from nothing. The model only ranks blocks: a
+ * record of another version, or one that does not check, is ignored (the
+ * model starts afresh), a store without one is fine, and it is written in
+ * a transaction of its own, so it never fails a group. fsck --repair does
+ * not carry it over. */
 #define REUSE_MODEL_KEY "reuse_model"
 
 static void evict_model_load(kvt_cold *c) {
@@ -307,16 +311,37 @@ static void evict_model_load(kvt_cold *c) {
   MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v;
   if (!mdb_get(t, c->db_meta, &k, &v)) kvt_evict_model_load(c->ev, v.mv_data, v.mv_size);
   mdb_txn_abort(t);
+  c->model_saved = kvt_evict_model_clock(c->ev);
+}
+
+/* 0: n bytes of the model's state are the record now. */
+static int model_put(kvt_cold *c, const uint8_t *buf, size_t n) {
+  MDB_txn *t;
+  if (!n || mdb_txn_begin(c->env, NULL, 0, &t)) return -1;
+  MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v = {n, (void *)buf};
+  if (mdb_put(t, c->db_meta, &k, &v, 0)) {
+    mdb_txn_abort(t);
+    return -1;
+  }
+  return mdb_txn_commit(t) ? -1 : 0; /* a lost model costs hit rate for a while, never data */
 }
 
 static void evict_model_save(kvt_cold *c) {
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = c->env && c->ev ? kvt_evict_model_save(c->ev, buf, sizeof buf) : 0;
-  MDB_txn *t;
-  if (!n || mdb_txn_begin(c->env, NULL, 0, &t)) return;
-  MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v = {n, buf};
-  if (mdb_put(t, c->db_meta, &k, &v, 0)) mdb_txn_abort(t);
-  else mdb_txn_commit(t); /* a lost model costs hit rate for a while, never data */
+  model_put(c, buf, n);
+}
+
+void cold_model_checkpoint(kvt_cold *c) {
+  if (!c->ev || c->cfg.evict_policy != KVT_EVICT_LEARNED) return;
+  uint8_t buf[KVT_EVICT_MODEL_MAX];
+  pthread_mutex_lock(&c->ev_lock);
+  uint64_t now = kvt_evict_model_clock(c->ev);
+  size_t n = 0;
+  if (now - c->model_saved >= KVT_COLD_MODEL_SAVE_EVERY)
+    n = kvt_evict_model_save(c->ev, buf, sizeof buf);
+  pthread_mutex_unlock(&c->ev_lock);
+  if (n && model_put(c, buf, n) == 0) c->model_saved = now;
 }
 
 size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap) {

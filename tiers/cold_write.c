@@ -448,6 +448,7 @@ static int chunk_commit(kvt_cold *c, chunk *k) {
   pthread_mutex_unlock(&c->st_lock);
   if (!rc && !k->vic) cold_evict_track(c, k->pl, k->np); /* relocated ones keep their place */
   if (!rc && k->np) kvt_hist_add(&c->h_commit, kvt_hist_now_ns() - k->t0_ns);
+  if (!rc && k->np) cold_model_checkpoint(c); /* after the group's figures: not part of them */
   return rc;
 }
 

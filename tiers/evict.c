@@ -671,6 +671,10 @@ size_t kvt_evict_model_save(const kvt_evict *ev, uint8_t *out, size_t cap) {
   return KVT_REUSE_STATE_BYTES;
 }
 
+uint64_t kvt_evict_model_clock(const kvt_evict *ev) {
+  return learned(ev) ? kvt_reuse_now(ev->model) : 0;
+}
+
 int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len) {
   if (!learned(ev)) return KVT_EOPTION;
   return kvt_reuse_load(ev->model, in, len);

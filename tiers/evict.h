@@ -99,6 +99,9 @@ int kvt_evict_admit(kvt_evict *ev, const kvt_key *key, const kvt_key *parent, ui
 #define KVT_EVICT_MODEL_MAX (32 + 4 * 4096) /* save's bytes, at most */
 size_t kvt_evict_model_save(const kvt_evict *ev, uint8_t *out, size_t cap);
 int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len);
+/* The model's clock: accesses it has counted, those of a loaded state
+ * included (0 when not LEARNED). */
+uint64_t kvt_evict_model_clock(const kvt_evict *ev);
 
 /* LEARNED's check against plain LRU (tiers/evict_guard.h): while its
  * shadow LRU hits the sampled keys more often than the tier, by more
