@@ -169,6 +169,7 @@ static int store_open(kvt_engine *e, const char *dir, const kvt_remote_options *
   }
   int rc = kvt_store_open(&e->mem, &c, &e->store);
   if (rc && why[0]) kvt_err_fill(info, rc, "kvt_engine_open", "remote url", NULL, "%s", why);
+  if (!rc) kvt_hot_order_restore(e); /* the hot tier's model, kept in the store */
   return rc;
 }
 
@@ -294,6 +295,7 @@ void kvt_nsrec_free(kvt_engine *e, kvt_nsrec *ns) {
 
 void kvt_engine_close(kvt_engine *e) {
   if (!e) return;
+  kvt_hot_order_checkpoint(e, 0); /* while the store is open */
   pthread_mutex_lock(&e->lock);
   kvt_flush_stop(e); /* drains the flush queue first, closes the store */
   while (e->loads.next != &e->loads) kvt_load_free_locked(e->loads.next);

@@ -440,6 +440,7 @@ int kvt_sync(kvt_engine *e) {
   e->cold_err = 0;
   if (!rc) rc = referenced_cold_err(e); /* still not durable: still an error */
   pthread_mutex_unlock(&e->lock);
+  kvt_hot_order_checkpoint(e, 1); /* the hot tier's model, when due */
   return rc;
 }
 

@@ -36,6 +36,33 @@ int kvt_hot_order_open(kvt_engine *e) {
   return 0;
 }
 
+#define HOT_MODEL_STATE "hot_reuse_model" /* its name in the store (the cold index) */
+
+void kvt_hot_order_restore(kvt_engine *e) {
+  if (!e->hot_ev || !e->store) return;
+  uint8_t buf[KVT_EVICT_MODEL_MAX];
+  size_t n = kvt_store_state_get(e->store, HOT_MODEL_STATE, buf, sizeof buf);
+  if (n) kvt_evict_model_load(e->hot_ev, buf, n); /* one that does not check: start afresh */
+  e->hot_model_saved = kvt_evict_model_clock(e->hot_ev);
+}
+
+/* The state is taken under the lock and written without it: the store's
+ * write goes to disk, and nothing should wait on the engine lock meanwhile. */
+void kvt_hot_order_checkpoint(kvt_engine *e, int due) {
+  if (!e->store || kvt_rdonly(e)) return;
+  uint8_t buf[KVT_EVICT_MODEL_MAX];
+  size_t n = 0;
+  pthread_mutex_lock(&e->lock);
+  uint64_t now = e->hot_ev ? kvt_evict_model_clock(e->hot_ev) : 0;
+  if (e->hot_ev && (!due || now - e->hot_model_saved >= KVT_EVICT_MODEL_SAVE_EVERY))
+    n = kvt_evict_model_save(e->hot_ev, buf, sizeof buf); /* 0 unless learned */
+  pthread_mutex_unlock(&e->lock);
+  if (!n || kvt_store_state_put(e->store, HOT_MODEL_STATE, buf, n)) return; /* costs hit rate */
+  pthread_mutex_lock(&e->lock);
+  e->hot_model_saved = now;
+  pthread_mutex_unlock(&e->lock);
+}
+
 void kvt_hot_order_close(kvt_engine *e) {
   e->tier[KVT_TIER_HOT].moved = NULL;
   kvt_evict_free(e->hot_ev);

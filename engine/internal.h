@@ -176,6 +176,7 @@ struct kvt_engine {
   uint64_t lineages;          /* lineage ids handed out */
   struct kvt_evict *hot_ev;   /* the hot tier's eviction order of idle token blocks
                                  (opt.hot_evict; NULL: its LRU list; hot_order.c) */
+  uint64_t hot_model_saved;   /* its model's clock when last kept in the store */
   uint32_t drops;             /* prefix drops in their store removal (kvt_sync waits) */
   void (*test_drop_window)(void *); /* tests: called by kvt_drop_prefix between */
   void *test_drop_arg;              /* its index and its store removals, unlocked */
@@ -287,9 +288,15 @@ void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
  * use: a lookup (lookup 1) or an append of tb, a use of its hot layers;
  * a lookup and the append after it count once. victim: the token block
  * whose idle hot layers go next, or NULL (then the LRU list decides).
- * All with the lock held. */
+ * All with the lock held.
+ * The learned order's model is kept in the store's index across restarts:
+ * restore reads it once the store is open (in kvt_engine_open); checkpoint writes
+ * it (lock not held: it takes it), always or only when due (its clock
+ * has run KVT_EVICT_MODEL_SAVE_EVERY accesses since it was last kept). */
 int kvt_hot_order_open(kvt_engine *e);
 void kvt_hot_order_close(kvt_engine *e);
+void kvt_hot_order_restore(kvt_engine *e);
+void kvt_hot_order_checkpoint(kvt_engine *e, int due);
 void kvt_hot_order_untrack(kvt_engine *e, kvt_tblk *tb);
 void kvt_hot_order_use(kvt_engine *e, kvt_tblk *tb, int lookup);
 kvt_tblk *kvt_hot_order_victim(kvt_engine *e);

@@ -77,8 +77,8 @@ static void use_store(kvt_engine *e, kvt_ns_id ns) {
   tu_kv_free(&kv);
 }
 
-/* Default options: the cold tier runs the learned order, and its model
- * is in the index across a restart. */
+/* Default options: the cold and hot tiers run the learned order, and
+ * their models are in the index across a restart. */
 static void test_default_learned_restarts_warm(void **state) {
   (void)state;
   char *dir = tu_tmpdir();
@@ -93,12 +93,21 @@ static void test_default_learned_restarts_warm(void **state) {
   size_t n1 = kvt_cold_model_state(cold_of(e), before, sizeof before);
   assert_int_equal(n1, n0);
   assert_true(memcmp(fresh, before, n1) != 0); /* it learned something */
+  static uint8_t hot_before[KVT_EVICT_MODEL_MAX], hot_after[KVT_EVICT_MODEL_MAX];
+  assert_non_null(e->hot_ev);
+  size_t h1 = kvt_evict_model_save(e->hot_ev, hot_before, sizeof hot_before);
+  assert_int_equal(h1, n1);
+  assert_true(memcmp(fresh, hot_before, h1) != 0);
+  assert_true(memcmp(before, hot_before, h1) != 0); /* a model of its own */
   kvt_engine_close(e);
 
   e = tu_open(dir, &o);
   size_t n2 = kvt_cold_model_state(cold_of(e), after, sizeof after);
   assert_int_equal(n2, n1);
   assert_memory_equal(before, after, n1);
+  size_t h2 = kvt_evict_model_save(e->hot_ev, hot_after, sizeof hot_after);
+  assert_int_equal(h2, h1);
+  assert_memory_equal(hot_before, hot_after, h1);
   kvt_engine_close(e);
   tu_rmtree(dir);
 }
@@ -114,9 +123,10 @@ static uint64_t model_clock(kvt_engine *e) {
 }
 
 /* A writer killed with SIGKILL after it has learned a while restarts with
- * a model that had counted all but fewer than KVT_COLD_MODEL_SAVE_EVERY
- * of its accesses: saved beside the group commits, not at close only
- * (before, it started from nothing). The child uses no cmocka asserts. */
+ * models that had counted all but fewer than KVT_EVICT_MODEL_SAVE_EVERY
+ * of its accesses: the cold tier's saved beside the group commits, the
+ * hot tier's by kvt_sync, not at close only (before, both started from
+ * nothing). The child uses no cmocka asserts. */
 static void test_model_survives_kill(void **state) {
   (void)state;
   char *dir = tu_tmpdir();
@@ -138,7 +148,9 @@ static void test_model_survives_kill(void **state) {
     tu_kv_alloc(&kv, &sh);
     static uint32_t tok[BT];
     if (kvt_engine_open(dir, &o, &e) || kvt_ns_register(e, &d, &ns)) _exit(2);
-    for (uint32_t c = 0; c < 100000 && model_clock(e) < 3 * KVT_COLD_MODEL_SAVE_EVERY; c++) {
+    const uint64_t enough = 3 * KVT_EVICT_MODEL_SAVE_EVERY;
+    for (uint32_t c = 0; c < 100000 && (model_clock(e) < enough ||
+                                        kvt_evict_model_clock(e->hot_ev) < enough); c++) {
       kvt_seq *s;
       if (kvt_seq_create(e, ns, &s)) _exit(3);
       for (uint32_t k = 0; k < 4; k++) {
@@ -147,26 +159,32 @@ static void test_model_survives_kill(void **state) {
       }
       kvt_seq_release(s);
     }
-    if (kvt_sync(e)) _exit(4);
-    uint64_t clock = model_clock(e);
-    if (write(fd[1], &clock, sizeof clock) != sizeof clock) _exit(5);
+    if (kvt_sync(e)) _exit(4); /* it writes the hot tier's model when due */
+    uint64_t clock[2] = {model_clock(e), kvt_evict_model_clock(e->hot_ev)};
+    if (write(fd[1], clock, sizeof clock) != sizeof clock) _exit(5);
     kill(getpid(), SIGKILL);
     _exit(6);
   }
   close(fd[1]);
-  uint64_t killed_at = 0;
-  assert_int_equal(read(fd[0], &killed_at, sizeof killed_at), sizeof killed_at);
+  uint64_t killed[2] = {0, 0}, killed_at, hot_killed_at;
+  assert_int_equal(read(fd[0], killed, sizeof killed), sizeof killed);
+  killed_at = killed[0];
+  hot_killed_at = killed[1];
   close(fd[0]);
   int st;
   assert_int_equal(waitpid(pid, &st, 0), pid);
   assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
-  assert_true(killed_at >= 3 * KVT_COLD_MODEL_SAVE_EVERY);
+  assert_true(killed_at >= 3 * KVT_EVICT_MODEL_SAVE_EVERY);
+  assert_true(hot_killed_at >= 3 * KVT_EVICT_MODEL_SAVE_EVERY);
   e = tu_open(dir, &o);
-  uint64_t restarted = model_clock(e);
-  print_message("model clock %llu when killed, %llu after the restart\n",
-                (unsigned long long)killed_at, (unsigned long long)restarted);
+  uint64_t restarted = model_clock(e), hot_restarted = kvt_evict_model_clock(e->hot_ev);
+  print_message("model clock %llu when killed, %llu after the restart; hot tier's %llu, %llu\n",
+                (unsigned long long)killed_at, (unsigned long long)restarted,
+                (unsigned long long)hot_killed_at, (unsigned long long)hot_restarted);
   assert_true(restarted <= killed_at);
-  assert_true(killed_at - restarted < KVT_COLD_MODEL_SAVE_EVERY);
+  assert_true(killed_at - restarted < KVT_EVICT_MODEL_SAVE_EVERY);
+  assert_true(hot_restarted <= hot_killed_at);
+  assert_true(hot_killed_at - hot_restarted < KVT_EVICT_MODEL_SAVE_EVERY);
   kvt_engine_close(e);
   tu_rmtree(dir);
 }

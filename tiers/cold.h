@@ -76,6 +76,12 @@ uint64_t kvt_cold_record_max(uint32_t n_layers, uint32_t bytes_each);
 /* Persist a namespace: its seed and canonical encoding (docs/format.md).
  * Writer thread. 0 or -errno/KVT_E*. */
 int kvt_cold_ns_put(kvt_cold *c, const kvt_key *seed, const uint8_t *enc, size_t len);
+/* A small state the owner keeps in the index under name (the meta table,
+ * key "owner." name: the hot tier's eviction model). get: its length (0:
+ * none, or longer than cap); put: 0 or an error (KVT_ERDONLY, LMDB's). A
+ * put is durable at the next group commit or close, not before. */
+size_t kvt_cold_state_get(kvt_cold *c, const char *name, uint8_t *out, size_t cap);
+int kvt_cold_state_put(kvt_cold *c, const char *name, const uint8_t *buf, size_t len);
 /* Call fn for every stored namespace; stops at fn's first non-zero. */
 int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *arg, const kvt_key *seed, const uint8_t *enc,
                                             size_t len),
@@ -144,9 +150,9 @@ int kvt_cold_admit(kvt_cold *c, const kvt_key *key, const kvt_key *parent, uint3
  * another order, or a reader). Kept in the index across restarts. */
 size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap);
 /* It is written at close, and after a group commit whenever the model has
- * counted this many accesses since it last was (a writer killed without
- * closing loses no more than that much of what it learned). */
-#define KVT_COLD_MODEL_SAVE_EVERY 4096
+ * counted KVT_EVICT_MODEL_SAVE_EVERY accesses since it last was (a writer
+ * killed without closing loses no more than that much of what it
+ * learned). */
 /* The eviction order (tiers/evict.h) of a writer's blocks. Before a group
  * is written, kvt_cold_evict_for() invalidates blocks one by one in that
  * order - never one keep() says to keep - until the live records and

@@ -296,7 +296,7 @@ static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const
 /* KVT_EVICT_LEARNED's model (weights and clock) is one record of the meta
  * table, "reuse_model" (tiers/reuse_model.c says its versioned layout),
  * read at open and written at close - and after a group commit whenever
- * the model has counted KVT_COLD_MODEL_SAVE_EVERY accesses since it was last
+ * the model has counted KVT_EVICT_MODEL_SAVE_EVERY accesses since it was last
  * written, so a writer killed without closing restarts with what it had
  * learned up to then, not from nothing. The model only ranks blocks: a
  * record of another version, or one that does not check, is ignored (the
@@ -338,7 +338,7 @@ void cold_model_checkpoint(kvt_cold *c) {
   pthread_mutex_lock(&c->ev_lock);
   uint64_t now = kvt_evict_model_clock(c->ev);
   size_t n = 0;
-  if (now - c->model_saved >= KVT_COLD_MODEL_SAVE_EVERY)
+  if (now - c->model_saved >= KVT_EVICT_MODEL_SAVE_EVERY)
     n = kvt_evict_model_save(c->ev, buf, sizeof buf);
   pthread_mutex_unlock(&c->ev_lock);
   if (n && model_put(c, buf, n) == 0) c->model_saved = now;

@@ -159,6 +159,10 @@ typedef struct kvt_store_methods {
    * diskless remote tier) removes them too. Best effort, called before
    * drop; returns how many it removed that drop will not count. */
   uint64_t (*drop_also)(void *impl, const kvt_key *keys, size_t n);
+  /* A small state its owner keeps across restarts under name (the hot
+   * tier's eviction model): get its length (0: none), put it. */
+  size_t (*state_get)(void *impl, const char *name, uint8_t *out, size_t cap);
+  int (*state_put)(void *impl, const char *name, const uint8_t *buf, size_t len);
 } kvt_store_methods;
 
 struct kvt_store {
@@ -270,6 +274,14 @@ static inline int kvt_store_drop_each(kvt_store *s, const kvt_key *seed, const k
   if (!s->m->drop_each) return kvt_store_drop(s, seed, root, root_pos, dropped);
   if (dropped) *dropped = 0;
   return s->m->drop_each(s->impl, seed, root, root_pos, dropped, each, arg);
+}
+static inline size_t kvt_store_state_get(kvt_store *s, const char *name, uint8_t *out,
+                                         size_t cap) {
+  return s && s->m->state_get ? s->m->state_get(s->impl, name, out, cap) : 0;
+}
+static inline int kvt_store_state_put(kvt_store *s, const char *name, const uint8_t *buf,
+                                      size_t len) {
+  return s && s->m->state_put ? s->m->state_put(s->impl, name, buf, len) : KVT_ENOTFOUND;
 }
 static inline uint64_t kvt_store_drop_also(kvt_store *s, const kvt_key *keys, size_t n) {
   return s->m->drop_also && n ? s->m->drop_also(s->impl, keys, n) : 0;

@@ -89,6 +89,14 @@ static int disk_verify(void *impl, int repair, uint64_t *checked, uint64_t *bad,
   return kvt_cold_verify(impl, repair, checked, bad, report, arg);
 }
 
+static size_t disk_state_get(void *impl, const char *name, uint8_t *out, size_t cap) {
+  return kvt_cold_state_get(impl, name, out, cap);
+}
+
+static int disk_state_put(void *impl, const char *name, const uint8_t *buf, size_t len) {
+  return kvt_cold_state_put(impl, name, buf, len);
+}
+
 static const kvt_store_methods disk_methods = {
     .name = "disk", .caps = KVT_STORE_PAYLOAD, .close = disk_close,
     .set_hooks = disk_set_hooks, .record_max = disk_record_max, .ns_put = disk_ns_put,
@@ -97,7 +105,7 @@ static const kvt_store_methods disk_methods = {
     .find = disk_find, .prefix = disk_prefix, .read_layer = disk_read_layer,
     .read_submit = disk_read_submit, .remove = disk_remove, .drop = disk_drop,
     .stats = disk_stats, .hists = disk_hists, .verify = disk_verify,
-    .drop_each = disk_drop_each};
+    .drop_each = disk_drop_each, .state_get = disk_state_get, .state_put = disk_state_put};
 
 /* A writer has a cold tier when it is given a limit; a reader opens the
  * one the store has, so stat and fsck work beside a live writer. */

@@ -481,6 +481,17 @@ static int rs_verify(void *impl, int repair, uint64_t *checked, uint64_t *bad,
   return kvt_store_verify(s->local, repair, checked, bad, report, arg);
 }
 
+/* The owner's state stays local: it is one node's, not the cluster's. */
+static size_t rs_state_get(void *impl, const char *name, uint8_t *out, size_t cap) {
+  rstore *s = impl;
+  return kvt_store_state_get(s->local, name, out, cap);
+}
+
+static int rs_state_put(void *impl, const char *name, const uint8_t *buf, size_t len) {
+  rstore *s = impl;
+  return kvt_store_state_put(s->local, name, buf, len);
+}
+
 static const kvt_store_methods remote_methods = {
     .name = "remote", .caps = KVT_STORE_PAYLOAD, .close = rs_close,
     .set_hooks = rs_set_hooks, .record_max = rs_record_max, .ns_put = rs_ns_put,
@@ -488,7 +499,8 @@ static const kvt_store_methods remote_methods = {
     .wait_stage = rs_wait_stage, .evict_for = rs_evict_for, .drain = rs_drain,
     .find = rs_find, .prefix = rs_prefix, .read_layer = rs_read_layer,
     .read_submit = rs_read_submit, .remove = rs_remove, .drop = rs_drop,
-    .stats = rs_stats, .hists = rs_hists, .verify = rs_verify, .drop_also = rs_drop_also};
+    .stats = rs_stats, .hists = rs_hists, .verify = rs_verify, .drop_also = rs_drop_also,
+    .state_get = rs_state_get, .state_put = rs_state_put};
 
 static int rs_wants(const kvt_store_config *cfg) { return cfg->remote_url != NULL; }
 
