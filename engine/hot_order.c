@@ -47,20 +47,25 @@ void kvt_hot_order_restore(kvt_engine *e) {
 }
 
 /* The state is taken under the lock and written without it: the store's
- * write goes to disk, and nothing should wait on the engine lock meanwhile. */
+ * write goes to disk, and nothing should wait on the engine lock meanwhile.
+ * One checkpoint at a time (others, due ones from kvt_sync, pass), so an
+ * older copy never overwrites a newer one. */
 void kvt_hot_order_checkpoint(kvt_engine *e, int due) {
-  if (!e->store || kvt_rdonly(e)) return;
+  if (!e->hot_ev || !e->store || !e->store->m->state_put || kvt_rdonly(e)) return;
+  if (__atomic_exchange_n(&e->hot_saving, 1, __ATOMIC_ACQUIRE)) return;
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = 0;
   pthread_mutex_lock(&e->lock);
-  uint64_t now = e->hot_ev ? kvt_evict_model_clock(e->hot_ev) : 0;
-  if (e->hot_ev && (!due || now - e->hot_model_saved >= KVT_EVICT_MODEL_SAVE_EVERY))
+  uint64_t now = kvt_evict_model_clock(e->hot_ev);
+  if (!due || now - e->hot_model_saved >= KVT_EVICT_MODEL_SAVE_EVERY)
     n = kvt_evict_model_save(e->hot_ev, buf, sizeof buf); /* 0 unless learned */
   pthread_mutex_unlock(&e->lock);
-  if (!n || kvt_store_state_put(e->store, HOT_MODEL_STATE, buf, n)) return; /* costs hit rate */
-  pthread_mutex_lock(&e->lock);
-  e->hot_model_saved = now;
-  pthread_mutex_unlock(&e->lock);
+  if (n && kvt_store_state_put(e->store, HOT_MODEL_STATE, buf, n) == 0) { /* else: hit rate */
+    pthread_mutex_lock(&e->lock);
+    e->hot_model_saved = now;
+    pthread_mutex_unlock(&e->lock);
+  }
+  __atomic_store_n(&e->hot_saving, 0, __ATOMIC_RELEASE);
 }
 
 void kvt_hot_order_close(kvt_engine *e) {

@@ -177,6 +177,7 @@ struct kvt_engine {
   struct kvt_evict *hot_ev;   /* the hot tier's eviction order of idle token blocks
                                  (opt.hot_evict; NULL: its LRU list; hot_order.c) */
   uint64_t hot_model_saved;   /* its model's clock when last kept in the store */
+  int hot_saving;             /* a checkpoint is taking and writing it (atomic) */
   uint32_t drops;             /* prefix drops in their store removal (kvt_sync waits) */
   void (*test_drop_window)(void *); /* tests: called by kvt_drop_prefix between */
   void *test_drop_arg;              /* its index and its store removals, unlocked */

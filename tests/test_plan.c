@@ -863,9 +863,10 @@ static uint64_t json_u64_nth(const char *json, const char *key, int nth) {
 /* --train: the engine under test replays another trace first, in a
  * namespace dropped before the measured replay. Only the learned order's
  * state may carry over: CHAIN and LRU, which learn nothing, give their
- * untrained figures to the token (hits and evictions at every capacity:
- * nothing of the training stays stored, no count of it is reported), the
- * LRU and MIN rows never move, and the learned order's figures do. */
+ * untrained figures to the token (hits and evictions at every capacity,
+ * and the bytes each tier wrote: nothing of the training stays stored, no
+ * count of it is reported), the LRU and MIN rows never move, and the
+ * learned order's figures do. */
 static void test_train_carries_only_the_model(void **state) {
   (void)state;
   char *dir = tu_tmpdir(), path[512], train[512], cmd[1536];
@@ -905,6 +906,30 @@ static void test_train_carries_only_the_model(void **state) {
   }
   print_message("learned order's figures moved by training: %s\n", learned_moved ? "yes" : "no");
   assert_true(learned_moved);
+  /* One replay through all three tiers (the bytes each wrote, demotions
+   * included), CHAIN's, the same with and without training. */
+  char *out[2];
+  for (int t = 0; t < 2; t++) {
+    snprintf(cmd, sizeof cmd,
+             "%s plan --model smollm2-1.7b --trace %s --policy chain --hot 1 --warm 1 "
+             "--cold-tokens %u --json %s%s",
+             bin(), path, 40 * BT, t ? "--train " : "", t ? train : "");
+    int st;
+    out[t] = run(cmd, &st);
+    assert_int_equal(st, 0);
+  }
+  const char *tiers[] = {"hot", "warm", "cold"};
+  for (int k = 0; k < 3; k++) {
+    uint64_t a = json_u64_in(out[0], "\"written_bytes\"", tiers[k]);
+    assert_true(a > 0);
+    assert_int_equal(a, json_u64_in(out[1], "\"written_bytes\"", tiers[k]));
+  }
+  assert_int_equal(json_u64_in(out[0], NULL, "cold_evictions"),
+                   json_u64_in(out[1], NULL, "cold_evictions"));
+  assert_int_equal(json_u64_in(out[0], NULL, "prefill_tokens_saved"),
+                   json_u64_in(out[1], NULL, "prefill_tokens_saved"));
+  free(out[0]);
+  free(out[1]);
   free(r);
   tu_rmtree(dir);
 }

@@ -150,9 +150,10 @@ int kvt_cold_admit(kvt_cold *c, const kvt_key *key, const kvt_key *parent, uint3
  * another order, or a reader). Kept in the index across restarts. */
 size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap);
 /* It is written at close, and after a group commit whenever the model has
- * counted KVT_EVICT_MODEL_SAVE_EVERY accesses since it last was (a writer
- * killed without closing loses no more than that much of what it
- * learned). */
+ * counted KVT_EVICT_MODEL_SAVE_EVERY accesses since it last was: a writer
+ * killed without closing loses what its model counted since the last
+ * group that saved it (while blocks are written, fewer than that many
+ * accesses; lookups alone commit no group). */
 /* The eviction order (tiers/evict.h) of a writer's blocks. Before a group
  * is written, kvt_cold_evict_for() invalidates blocks one by one in that
  * order - never one keep() says to keep - until the live records and
