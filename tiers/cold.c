@@ -445,19 +445,12 @@ int kvt_cold_ns_put(kvt_cold *c, const kvt_key *seed, const uint8_t *enc, size_t
   return rc ? rc : mdb_err(mdb_env_sync(c->env, 1));
 }
 
-/* ---------- the owner's state ---------- */
+/* ---------- records of the meta table that only rank or help ---------- */
 
-static int state_key(const char *name, char *key, size_t cap) {
-  int n = snprintf(key, cap, "owner.%s", name);
-  return n > 0 && (size_t)n < cap ? n : -1;
-}
-
-size_t kvt_cold_state_get(kvt_cold *c, const char *name, uint8_t *out, size_t cap) {
-  char key[64];
-  int kl = state_key(name, key, sizeof key);
+size_t cold_meta_get(kvt_cold *c, const char *key, uint8_t *out, size_t cap) {
   MDB_txn *t;
-  if (kl < 0 || mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return 0;
-  MDB_val k = {(size_t)kl, key}, v;
+  if (mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return 0;
+  MDB_val k = {strlen(key), (void *)key}, v;
   size_t n = 0;
   if (!mdb_get(t, c->db_meta, &k, &v) && v.mv_size <= cap) {
     memcpy(out, v.mv_data, v.mv_size);
@@ -467,21 +460,34 @@ size_t kvt_cold_state_get(kvt_cold *c, const char *name, uint8_t *out, size_t ca
   return n;
 }
 
-int kvt_cold_state_put(kvt_cold *c, const char *name, const uint8_t *buf, size_t len) {
+int cold_meta_put(kvt_cold *c, const char *key, const uint8_t *buf, size_t len) {
   if (c->cfg.rdonly) return KVT_ERDONLY;
-  char key[64];
-  int kl = state_key(name, key, sizeof key);
-  if (kl < 0) return KVT_EOPTION;
   MDB_txn *t;
   int rc = mdb_err(mdb_txn_begin(c->env, NULL, 0, &t));
   if (rc) return rc;
-  MDB_val k = {(size_t)kl, key}, v = {len, (void *)buf};
+  MDB_val k = {strlen(key), (void *)key}, v = {len, (void *)buf};
   rc = mdb_err(mdb_put(t, c->db_meta, &k, &v, 0));
   if (rc) {
     mdb_txn_abort(t);
     return rc;
   }
   return mdb_err(mdb_txn_commit(t));
+}
+
+/* The owner's state: key "owner." name. */
+static int state_key(const char *name, char *key, size_t cap) {
+  int n = snprintf(key, cap, "owner.%s", name);
+  return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+size_t kvt_cold_state_get(kvt_cold *c, const char *name, uint8_t *out, size_t cap) {
+  char key[64];
+  return state_key(name, key, sizeof key) ? 0 : cold_meta_get(c, key, out, cap);
+}
+
+int kvt_cold_state_put(kvt_cold *c, const char *name, const uint8_t *buf, size_t len) {
+  char key[64];
+  return state_key(name, key, sizeof key) ? KVT_EOPTION : cold_meta_put(c, key, buf, len);
 }
 
 int kvt_cold_ns_each(kvt_cold *c, int (*fn)(void *, const kvt_key *, const uint8_t *, size_t),

@@ -239,6 +239,12 @@ int cold_reader_start(kvt_cold *c);
 void cold_reader_stop(kvt_cold *c);
 int cold_slice_ok(const uint8_t *p, const kvt_cold_entry *e, uint32_t layer, const kvt_cold_slice *s);
 
+/* cold.c: a meta-table record in a transaction of its own (the learned
+ * models: they only rank blocks). get: its length (0: none, or longer
+ * than cap); put: 0, KVT_ERDONLY or LMDB's error. */
+size_t cold_meta_get(kvt_cold *c, const char *key, uint8_t *out, size_t cap);
+int cold_meta_put(kvt_cold *c, const char *key, const uint8_t *buf, size_t len);
+
 /* cold_reclaim.c: room and the eviction order */
 void cold_evict_forget(kvt_cold *c, const kvt_key *key);
 int cold_evict_start(kvt_cold *c);

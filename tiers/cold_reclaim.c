@@ -306,30 +306,18 @@ static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const
 #define REUSE_MODEL_KEY "reuse_model"
 
 static void evict_model_load(kvt_cold *c) {
-  MDB_txn *t;
-  if (c->cfg.evict_policy != KVT_EVICT_LEARNED || mdb_txn_begin(c->env, NULL, MDB_RDONLY, &t)) return;
-  MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v;
-  if (!mdb_get(t, c->db_meta, &k, &v)) kvt_evict_model_load(c->ev, v.mv_data, v.mv_size);
-  mdb_txn_abort(t);
+  if (c->cfg.evict_policy != KVT_EVICT_LEARNED) return;
+  uint8_t buf[KVT_EVICT_MODEL_MAX];
+  size_t n = cold_meta_get(c, REUSE_MODEL_KEY, buf, sizeof buf);
+  if (n) kvt_evict_model_load(c->ev, buf, n);
   c->model_saved = kvt_evict_model_clock(c->ev);
 }
 
-/* 0: n bytes of the model's state are the record now. */
-static int model_put(kvt_cold *c, const uint8_t *buf, size_t n) {
-  MDB_txn *t;
-  if (!n || mdb_txn_begin(c->env, NULL, 0, &t)) return -1;
-  MDB_val k = {strlen(REUSE_MODEL_KEY), (void *)REUSE_MODEL_KEY}, v = {n, (void *)buf};
-  if (mdb_put(t, c->db_meta, &k, &v, 0)) {
-    mdb_txn_abort(t);
-    return -1;
-  }
-  return mdb_txn_commit(t) ? -1 : 0; /* a lost model costs hit rate for a while, never data */
-}
-
+/* A lost model costs hit rate for a while, never data. */
 static void evict_model_save(kvt_cold *c) {
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = c->env && c->ev ? kvt_evict_model_save(c->ev, buf, sizeof buf) : 0;
-  model_put(c, buf, n);
+  if (n) cold_meta_put(c, REUSE_MODEL_KEY, buf, n);
 }
 
 void cold_model_checkpoint(kvt_cold *c) {
@@ -341,7 +329,7 @@ void cold_model_checkpoint(kvt_cold *c) {
   if (now - c->model_saved >= KVT_EVICT_MODEL_SAVE_EVERY)
     n = kvt_evict_model_save(c->ev, buf, sizeof buf);
   pthread_mutex_unlock(&c->ev_lock);
-  if (n && model_put(c, buf, n) == 0) c->model_saved = now;
+  if (n && cold_meta_put(c, REUSE_MODEL_KEY, buf, n) == 0) c->model_saved = now;
 }
 
 size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap) {
