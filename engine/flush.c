@@ -299,6 +299,10 @@ static void *flusher_main(void *arg) {
       }
     }
     if (!rc) {
+      /* The hot tier's model, when due, before the group: a block seen
+       * durable was handed over after it, so a writer killed then loses
+       * no more of the model than kvt_sync's would. */
+      kvt_hot_order_checkpoint(e, 1);
       hand_over(e, g, n, recs, ptrs);
       pthread_mutex_lock(&e->lock);
       continue;

@@ -3,6 +3,7 @@
  * the cold tier's (tiers/evict.h), chosen by kvt_options.hot_evict. */
 #include <assert.h>
 #include <errno.h>
+#include <sched.h>
 
 #include "engine/internal.h"
 #include "tiers/evict.h"
@@ -48,11 +49,15 @@ void kvt_hot_order_restore(kvt_engine *e) {
 
 /* The state is taken under the lock and written without it: the store's
  * write goes to disk, and nothing should wait on the engine lock meanwhile.
- * One checkpoint at a time (others, due ones from kvt_sync, pass), so an
- * older copy never overwrites a newer one. */
+ * One checkpoint at a time, so an older copy never overwrites a newer one:
+ * a due one (the flusher's, kvt_sync's) passes while another runs, the
+ * one at close waits for it (then takes the model as it is at close). */
 void kvt_hot_order_checkpoint(kvt_engine *e, int due) {
   if (!e->hot_ev || !e->store || !e->store->m->state_put || kvt_rdonly(e)) return;
-  if (__atomic_exchange_n(&e->hot_saving, 1, __ATOMIC_ACQUIRE)) return;
+  while (__atomic_exchange_n(&e->hot_saving, 1, __ATOMIC_ACQUIRE)) {
+    if (due) return;
+    sched_yield(); /* one small store write to wait for */
+  }
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = 0;
   pthread_mutex_lock(&e->lock);

@@ -292,8 +292,9 @@ void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
  * All with the lock held.
  * The learned order's model is kept in the store's index across restarts:
  * restore reads it once the store is open (in kvt_engine_open); checkpoint writes
- * it (lock not held: it takes it), always or only when due (its clock
- * has run KVT_EVICT_MODEL_SAVE_EVERY accesses since it was last kept). */
+ * it (lock not held: it takes it), always (at close) or only when due (its
+ * clock has run KVT_EVICT_MODEL_SAVE_EVERY accesses since it was last
+ * kept: the flusher before each group it hands over, and kvt_sync). */
 int kvt_hot_order_open(kvt_engine *e);
 void kvt_hot_order_close(kvt_engine *e);
 void kvt_hot_order_restore(kvt_engine *e);
