@@ -39,12 +39,16 @@ int kvt_hot_order_open(kvt_engine *e) {
 
 #define HOT_MODEL_STATE "hot_reuse_model" /* its name in the store (the cold index) */
 
+/* Read whatever the hot tier's order (kvt_stats_tier reports what the
+ * store keeps); one that does not check counts as none: start afresh. */
 void kvt_hot_order_restore(kvt_engine *e) {
-  if (!e->hot_ev || !e->store) return;
+  if (!e->store) return;
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = kvt_store_state_get(e->store, HOT_MODEL_STATE, buf, sizeof buf);
-  if (n) kvt_evict_model_load(e->hot_ev, buf, n); /* one that does not check: start afresh */
-  e->hot_model_saved = kvt_evict_model_clock(e->hot_ev);
+  uint64_t clock = 0;
+  if (n && kvt_evict_model_state_clock(buf, n, &clock)) clock = 0;
+  e->hot_model_saved = clock;
+  if (clock && e->hot_ev) kvt_evict_model_load(e->hot_ev, buf, n); /* LEARNED only */
 }
 
 /* The state is taken under the lock and written without it: the store's

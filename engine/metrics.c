@@ -17,6 +17,7 @@ typedef struct metrics_snap {
   uint64_t lag_sum, lag_max;  /* open sequences' blocks past their durable watermark */
   double stall_s;             /* since durability last moved, while blocks wait */
   kvt_hist h_read, h_commit;
+  uint64_t model[KVT_N_TIERS], model_saved[KVT_N_TIERS]; /* kvt_stats_tier's model fields */
 } metrics_snap;
 
 static void snap_take(kvt_engine *e, metrics_snap *m) {
@@ -39,6 +40,12 @@ static void snap_take(kvt_engine *e, metrics_snap *m) {
   kvt_store *store = e->store;
   pthread_mutex_unlock(&e->lock);
   if (store) kvt_store_hists(store, &m->h_read, &m->h_commit);
+  for (uint32_t t = KVT_TIER_HOT; t < KVT_N_TIERS; t++) {
+    kvt_tier_stats ts;
+    if (kvt_stats_tier(e, t, &ts, sizeof ts)) continue;
+    m->model[t] = ts.model_accesses;
+    m->model_saved[t] = ts.model_saved_accesses;
+  }
 }
 
 /* The text so far; pos keeps counting past len (what it would take). */
@@ -132,6 +139,13 @@ static void render_tiers(metrics_out *o, const metrics_snap *m) {
            m->tc.promotions);
   per_tier(o, "kvtier_tier_evictions_total", "counter",
            "Unreferenced blocks dropped from the tier to make room.", st->evictions);
+  per_tier(o, "kvtier_tier_model_accesses", "gauge",
+           "Accesses the tier's learned eviction order's model has counted, those of the "
+           "model it started from included (0: another order, or none in this process).",
+           m->model);
+  per_tier(o, "kvtier_tier_model_saved_accesses", "gauge",
+           "The same for the copy of that model the store keeps across restarts: what an "
+           "engine opened now would start from (0: none kept).", m->model_saved);
   family(o, "kvtier_tier_checksum_failures_total", "counter",
          "Reads refused by a checksum or header check, each a miss (only the cold tier "
          "checks: RAM holds what this process encoded).");

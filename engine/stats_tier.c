@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/internal.h"
+#include "tiers/evict.h"
 
 /* The durable tier: whatever store is open behind KVT_TIER_COLD. */
 static void store_counters(kvt_engine *e, kvt_tier_stats *t) {
@@ -23,6 +24,8 @@ static void store_counters(kvt_engine *e, kvt_tier_stats *t) {
   t->write_bytes = cs.bytes_written;
   t->checksum_failures = cs.checksum_failures;
   t->write_failures = cs.write_failures;
+  t->model_accesses = cs.model_clock;
+  t->model_saved_accesses = cs.model_saved;
 }
 
 int kvt_stats_tier(kvt_engine *e, uint32_t tier, kvt_tier_stats *st, size_t size) {
@@ -45,6 +48,10 @@ int kvt_stats_tier(kvt_engine *e, uint32_t tier, kvt_tier_stats *st, size_t size
     t.bytes = ts->bytes_used;
     t.limit = ts->bytes_limit;
     t.evictions = ts->evictions;
+    if (tier == KVT_TIER_HOT) { /* the hot tier's model, kept in the store */
+      t.model_accesses = e->hot_ev ? kvt_evict_model_clock(e->hot_ev) : 0;
+      t.model_saved_accesses = e->hot_model_saved;
+    }
     pthread_mutex_unlock(&e->lock);
   }
   size_t n = size < sizeof t ? size : sizeof t;

@@ -616,6 +616,16 @@ typedef struct kvt_tier_stats {
                               appended again and declined again, counts twice); counted
                               from this engine's open. 0 for RAM tiers (the hot tier
                               keeps whatever a sequence put) */
+  uint64_t model_accesses; /**< the hot tier and a store, with the learned eviction order
+                              (KVT_EVICT_LEARNED): the accesses its model has counted,
+                              those of the model it started from included; 0 for another
+                              order, and in a read-only engine's store (it runs none) */
+  uint64_t model_saved_accesses; /**< the same count for the copy of that model the store
+                              keeps across restarts (the cold index): what an engine
+                              opened now would start from; it trails model_accesses by
+                              under 4,096 while blocks are written (docs/format.md).
+                              0: the store keeps none (a new store, a metadata-only
+                              engine, or a copy that does not check) */
 } kvt_tier_stats;
 
 /** Copy the counters of tier `tier` into *st, at most size bytes of it

@@ -108,6 +108,14 @@ static void test_render_live(void **state) {
   assert_true(metric(t1, "kvtier_durable_pending_blocks") == 0);
   assert_true(metric(t1, "kvtier_durable_lag_blocks") == 0); /* all synced */
   assert_true(metric(t1, "kvtier_sequences") == 1);
+  /* the learned default's models: counted, none kept yet (a new store) */
+  double cold_model = metric(t1, "kvtier_tier_model_accesses{tier=\"cold\"}");
+  double hot_model = metric(t1, "kvtier_tier_model_accesses{tier=\"hot\"}");
+  assert_true(cold_model == N_BLOCKS); /* one access a token block written */
+  assert_true(hot_model >= N_BLOCKS);  /* its writes, and the lookup */
+  assert_true(metric(t1, "kvtier_tier_model_accesses{tier=\"warm\"}") == 0);
+  assert_true(metric(t1, "kvtier_tier_model_saved_accesses{tier=\"cold\"}") == 0);
+  assert_true(metric(t1, "kvtier_tier_model_saved_accesses{tier=\"hot\"}") == 0);
   free(t1);
   kvt_seq_release(s);
   kvt_engine_close(e);
@@ -156,6 +164,10 @@ static void test_render_live(void **state) {
   assert_true(metric(t2, "kvtier_cold_read_seconds_bucket{le=\"+Inf\"}") == reads);
   assert_true(metric(t2, "kvtier_cold_group_commit_seconds_count") == 0); /* this engine's own */
   assert_true(metric(t2, "kvtier_durable_lag_blocks") == 0);             /* appended durable */
+  /* the writer's close kept both models: this engine started from them */
+  assert_true(metric(t2, "kvtier_tier_model_saved_accesses{tier=\"cold\"}") == cold_model);
+  assert_true(metric(t2, "kvtier_tier_model_saved_accesses{tier=\"hot\"}") >= hot_model);
+  assert_true(metric(t2, "kvtier_tier_model_accesses{tier=\"cold\"}") >= cold_model);
   print_message("rendered %zu bytes; promtool %s\n", strlen(t2),
                 promtool ? "passed" : "not installed");
   free(t2);

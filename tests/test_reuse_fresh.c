@@ -66,18 +66,34 @@ static void test_fresh_ranks_apart(void **state) {
   assert_int_equal(kvt_mem_bytes(&m, KVT_MEM_INDEX), 0);
 }
 
-/* A state of version 2 (six classes) is another version. */
+/* A state of version 2 (six classes) is another version; a state's clock
+ * is read without a model only when the state checks as load checks it. */
 static void test_old_version_refused(void **state) {
   (void)state;
   kvt_mem m;
   kvt_mem_init(&m, 0);
   kvt_reuse *r;
   assert_int_equal(kvt_reuse_create(&m, KVT_MEM_INDEX, 1024, &r), 0);
+  kvt_reuse_blk b;
+  kvt_reuse_blk_init(&b, 1, 0, NULL);
+  for (int i = 0; i < 5; i++) kvt_reuse_access(r, &b);
   uint8_t s[KVT_REUSE_STATE_BYTES];
   kvt_reuse_save(r, s);
+  uint64_t clock = 0;
+  assert_int_equal(kvt_reuse_state_clock(s, sizeof s, &clock), 0);
+  assert_int_equal(clock, kvt_reuse_now(r));
+  assert_int_equal(clock, 5);
   assert_int_equal(kvt_reuse_load(r, s, sizeof s), 0);
+  assert_int_equal(kvt_reuse_state_clock(s, sizeof s - 1, &clock), KVT_ECORRUPT);
+  s[40] ^= 1; /* a count: the checksum no longer matches */
+  assert_int_equal(kvt_reuse_state_clock(s, sizeof s, &clock), KVT_ECORRUPT);
+  assert_int_equal(kvt_reuse_load(r, s, sizeof s), KVT_ECORRUPT);
+  s[40] ^= 1;
   s[8] = 2; /* version, little-endian u32 */
   assert_int_equal(kvt_reuse_load(r, s, sizeof s), KVT_EVERSION);
+  clock = 99;
+  assert_int_equal(kvt_reuse_state_clock(s, sizeof s, &clock), KVT_EVERSION);
+  assert_int_equal(clock, 99); /* untouched */
   kvt_reuse_free(r);
 }
 

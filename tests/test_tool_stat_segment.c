@@ -1,6 +1,7 @@
 /* test_tool_stat_segment.c - `kvtier stat` reads the segment size from the
  * store: a store written with 1 MiB segments (not the 64 MiB default) must
- * report segment_bytes 1 MiB and a fill of live / (segments x 1 MiB).
+ * report segment_bytes 1 MiB and a fill of live / (segments x 1 MiB);
+ * and the learned models the writer's close kept, as the writer counted.
  * Needs $KVTIER_BIN (skips without it). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,10 @@ static void test_stat_reads_segment_size(void **state) {
   tu_stats(e, &st);
   assert_int_equal(st.cold_segment_bytes, (uint64_t)SEG_MIB << 20);
   assert_true(st.cold_segments >= 2);
+  kvt_tier_stats hot, cold_t;
+  assert_int_equal(kvt_stats_tier(e, KVT_TIER_HOT, &hot, sizeof hot), 0);
+  assert_int_equal(kvt_stats_tier(e, KVT_TIER_COLD, &cold_t, sizeof cold_t), 0);
+  assert_true(hot.model_accesses > 0 && cold_t.model_accesses > 0); /* the learned default */
   kvt_engine_close(e);
   tu_kv_free(&kv);
 
@@ -68,6 +73,8 @@ static void test_stat_reads_segment_size(void **state) {
   if (fill < want - 1e-6 || fill > want + 1e-6)
     fail_msg("fill %.6f, expected live / (segments x segment size) = %.6f", fill, want);
   assert_non_null(strstr(cold, "\"segment_bytes_source\":\"the store\""));
+  assert_true(json_num(cold, "model_saved_accesses") == (double)cold_t.model_accesses);
+  assert_true(json_num(cold, "hot_model_saved_accesses") == (double)hot.model_accesses);
 
   /* the human output names the same size */
   snprintf(cmd, sizeof cmd, "%s stat %s", bin, dir);
@@ -77,6 +84,10 @@ static void test_stat_reads_segment_size(void **state) {
   out[n] = 0;
   assert_int_equal(pclose(p), 0);
   assert_non_null(strstr(out, "of 1.0 MiB: fill"));
+  char models[160];
+  snprintf(models, sizeof models, "cold tier %llu accesses counted, hot tier %llu\n",
+           (unsigned long long)cold_t.model_accesses, (unsigned long long)hot.model_accesses);
+  assert_non_null(strstr(out, models));
   tu_rmtree(dir);
 }
 

@@ -531,6 +531,7 @@ void kvt_cold_stats_get(kvt_cold *c, kvt_cold_stats *st) {
   st->segment_bytes = c->cfg.segment_bytes;
   st->bytes_limit = c->cfg.bytes_limit;
   pthread_mutex_unlock(&c->st_lock);
+  cold_model_stats(c, st); /* ev_lock is a leaf: not under st_lock */
 }
 
 void kvt_cold_hists(kvt_cold *c, kvt_hist *read, kvt_hist *commit) {

@@ -156,7 +156,8 @@ struct kvt_cold {
   pthread_mutex_t ev_lock;     /* ev; a leaf: nothing is taken while it is held (the
                                   engine lock may be held around it: kvt_cold_admit) */
   uint64_t ev_evictions;       /* blocks invalidated by the order */
-  uint64_t model_saved;        /* the order's model clock when last saved (committer) */
+  uint64_t model_saved;        /* the clock of the model the index keeps: read at open,
+                                  set by the committer's saves (atomic: stats read it) */
   int ev_on;                   /* ev_lock initialized */
   void (*read_notify)(void *arg); /* a read batch finished (kvt_cold_set_read_notify) */
   void *read_notify_arg;
@@ -252,6 +253,7 @@ void cold_evict_stop(kvt_cold *c);
 void cold_evict_touch(kvt_cold *c, const kvt_key *key, int look); /* look: a prefix lookup (kvt_evict_look) */
 void cold_evict_track(kvt_cold *c, const placed *pl, size_t n);
 void cold_model_checkpoint(kvt_cold *c); /* committer, after a group: the model when due */
+void cold_model_stats(kvt_cold *c, kvt_cold_stats *st); /* model_clock, model_saved */
 int cold_fits(const kvt_cold *c, const uint64_t *sizes, size_t n, uint64_t reserve);
 
 /* cold_write.c: writing */

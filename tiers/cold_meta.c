@@ -114,6 +114,7 @@ void kvt_cold_meta_stats(const kvt_cold_meta *c, kvt_cold_stats *st) {
   st->bytes_written = c->bytes_written;
   st->evictions = c->evictions;
   st->full_refusals = c->refusals;
+  st->model_clock = kvt_evict_model_clock(c->ev); /* kept nowhere: model_saved 0 */
   snprintf(st->backend, sizeof st->backend, "metadata");
   snprintf(st->why, sizeof st->why, "metadata-only engine: an in-memory index, no files");
 }

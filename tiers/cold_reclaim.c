@@ -305,12 +305,17 @@ static int evict_load_one(void *arg, const kvt_key *key, const MDB_val *v, const
  * not carry it over. */
 #define REUSE_MODEL_KEY "reuse_model"
 
+/* The record is read whatever the order (a read-only store reports what
+ * it keeps); model_saved is the clock of the copy the index holds, 0 for
+ * none or one that does not check (then the model starts afresh too). */
 static void evict_model_load(kvt_cold *c) {
-  if (c->cfg.evict_policy != KVT_EVICT_LEARNED) return;
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = cold_meta_get(c, REUSE_MODEL_KEY, buf, sizeof buf);
-  if (n) kvt_evict_model_load(c->ev, buf, n);
-  c->model_saved = kvt_evict_model_clock(c->ev);
+  uint64_t clock = 0;
+  if (n && kvt_evict_model_state_clock(buf, n, &clock)) clock = 0;
+  __atomic_store_n(&c->model_saved, clock, __ATOMIC_RELAXED);
+  if (clock && c->ev && c->cfg.evict_policy == KVT_EVICT_LEARNED)
+    kvt_evict_model_load(c->ev, buf, n);
 }
 
 /* A lost model costs hit rate for a while, never data. */
@@ -326,10 +331,19 @@ void cold_model_checkpoint(kvt_cold *c) {
   pthread_mutex_lock(&c->ev_lock);
   uint64_t now = kvt_evict_model_clock(c->ev);
   size_t n = 0;
-  if (now - c->model_saved >= KVT_EVICT_MODEL_SAVE_EVERY)
+  if (now - c->model_saved >= KVT_EVICT_MODEL_SAVE_EVERY) /* the committer's own */
     n = kvt_evict_model_save(c->ev, buf, sizeof buf);
   pthread_mutex_unlock(&c->ev_lock);
-  if (n && cold_meta_put(c, REUSE_MODEL_KEY, buf, n) == 0) c->model_saved = now;
+  if (n && cold_meta_put(c, REUSE_MODEL_KEY, buf, n) == 0)
+    __atomic_store_n(&c->model_saved, now, __ATOMIC_RELAXED); /* stats read it */
+}
+
+void cold_model_stats(kvt_cold *c, kvt_cold_stats *st) {
+  st->model_saved = __atomic_load_n(&c->model_saved, __ATOMIC_RELAXED);
+  if (!c->ev) return;
+  pthread_mutex_lock(&c->ev_lock);
+  st->model_clock = kvt_evict_model_clock(c->ev);
+  pthread_mutex_unlock(&c->ev_lock);
 }
 
 size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap) {
@@ -341,7 +355,10 @@ size_t kvt_cold_model_state(kvt_cold *c, uint8_t *out, size_t cap) {
 }
 
 int cold_evict_start(kvt_cold *c) {
-  if (c->cfg.rdonly) return 0;
+  if (c->cfg.rdonly) { /* no order: blocks are not added nor evicted */
+    evict_model_load(c);
+    return 0;
+  }
   pthread_mutex_init(&c->ev_lock, NULL);
   c->ev_on = 1;
   int rc = kvt_evict_create(c->mem, KVT_MEM_INDEX, c->cfg.evict_policy, &c->ev);

@@ -675,6 +675,10 @@ uint64_t kvt_evict_model_clock(const kvt_evict *ev) {
   return learned(ev) ? kvt_reuse_now(ev->model) : 0;
 }
 
+int kvt_evict_model_state_clock(const uint8_t *in, size_t len, uint64_t *clock) {
+  return kvt_reuse_state_clock(in, len, clock);
+}
+
 int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len) {
   if (!learned(ev)) return KVT_EOPTION;
   return kvt_reuse_load(ev->model, in, len);

@@ -102,6 +102,9 @@ int kvt_evict_model_load(kvt_evict *ev, const uint8_t *in, size_t len);
 /* The model's clock: accesses it has counted, those of a loaded state
  * included (0 when not LEARNED). */
 uint64_t kvt_evict_model_clock(const kvt_evict *ev);
+/* The clock of a saved state, checked as load checks it (for a report of
+ * what an owner keeps, whatever its own order): 0, or load's errors. */
+int kvt_evict_model_state_clock(const uint8_t *in, size_t len, uint64_t *clock);
 /* Owners keep the model in a store's index: at close, and between, once
  * its clock has run this many accesses since they last did. */
 #define KVT_EVICT_MODEL_SAVE_EVERY 4096

@@ -272,12 +272,25 @@ void kvt_reuse_save(const kvt_reuse *r, uint8_t out[KVT_REUSE_STATE_BYTES]) {
   kvt_le_put64(out + 24, XXH3_64bits(out + 32, BODY));
 }
 
-int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len) {
+/* The header and checksum of a saved state: 0, KVT_EVERSION, KVT_ECORRUPT. */
+static int state_check(const uint8_t *in, size_t len) {
   if (len < 16 || memcmp(in, STATE_MAGIC, 8)) return KVT_ECORRUPT;
   if (kvt_le_get32(in + 8) != STATE_VERSION) return KVT_EVERSION;
   if (len != KVT_REUSE_STATE_BYTES || kvt_le_get32(in + 12) != SHAPE ||
       kvt_le_get64(in + 24) != XXH3_64bits(in + 32, BODY))
     return KVT_ECORRUPT;
+  return 0;
+}
+
+int kvt_reuse_state_clock(const uint8_t *in, size_t len, uint64_t *clock) {
+  int rc = state_check(in, len);
+  if (!rc) *clock = kvt_le_get64(in + 16);
+  return rc;
+}
+
+int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len) {
+  int rc = state_check(in, len);
+  if (rc) return rc;
   float n[C], d[C][B]; /* checked whole before anything is replaced */
   const uint8_t *p = in + 32;
   for (int c = 0; c < C; c++) {

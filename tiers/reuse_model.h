@@ -88,6 +88,9 @@ const kvt_reuse_blk *kvt_reuse_peek(const kvt_reuse *r, const kvt_key *key);
 #define KVT_REUSE_STATE_BYTES (32 + 4 * KVT_REUSE_CLASSES * (KVT_REUSE_BUCKETS + 1))
 void kvt_reuse_save(const kvt_reuse *r, uint8_t out[KVT_REUSE_STATE_BYTES]);
 int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len);
+/* A saved state's clock (the accesses it had counted), checked as load
+ * checks it, without a model to load it into: 0, or load's errors. */
+int kvt_reuse_state_clock(const uint8_t *in, size_t len, uint64_t *clock);
 /* Distances counted so far (tests). */
 uint64_t kvt_reuse_trained(const kvt_reuse *r);
 

@@ -58,6 +58,10 @@ typedef struct kvt_store_stats {
   uint64_t evictions;              /* entries removed to make room */
   uint64_t reclaims;               /* segments reclaimed */
   uint64_t relocated;              /* referenced records written again by reclaims */
+  uint64_t model_clock;            /* the learned order's model: accesses it has counted,
+                                      a loaded state's included (0: no learned order) */
+  uint64_t model_saved;            /* the clock of the model the store keeps (what an open
+                                      now would start from; 0: none) */
   char backend[32];
   char why[160];
 } kvt_store_stats;

@@ -96,9 +96,11 @@ void stat_usage(FILE *f)
              "prints its namespaces (model, fingerprint, tensor-parallel rank, shape), the\n"
              "blocks and bytes per tier, the cold tier's records, segments and their fill\n"
              "(live bytes / (segments x the segment size the store records)), checksum\n"
-             "failures and the I/O backend with the reason it was chosen. The RAM tiers\n"
-             "are those of this read-only process (empty): what the store holds is its\n"
-             "cold tier.\n\noptions:\n");
+             "failures, the learned eviction models it keeps for the next writer (the\n"
+             "accesses each had counted: a writer starts from them, not from nothing) and\n"
+             "the I/O backend with the reason it was chosen. The RAM tiers are those of\n"
+             "this read-only process (empty): what the store holds is its cold tier.\n"
+             "\noptions:\n");
   cli_print_opts(f, o, STAT_N_OPTS);
 }
 
@@ -164,7 +166,8 @@ typedef struct stat_run {
   uint32_t n_ns;
   seg_files sf;
   uint64_t segment_bytes;
-  kvt_tier_stats cold;       /* the cold tier's own counters (admission declines) */
+  kvt_tier_stats cold;       /* the cold tier's own counters (admission declines, model) */
+  kvt_tier_stats hot;        /* the hot tier's: the model the store keeps for it */
 } stat_run;
 
 static int stat_collect(stat_run *r)
@@ -186,6 +189,7 @@ static int stat_collect(stat_run *r)
   }
   rc = kvt_stats_get(r->e, &r->st);
   if (rc == 0) rc = kvt_stats_tier(r->e, KVT_TIER_COLD, &r->cold, sizeof r->cold);
+  if (rc == 0) rc = kvt_stats_tier(r->e, KVT_TIER_HOT, &r->hot, sizeof r->hot);
   if (rc != 0) return cli_lib_error("stat", "reading the counters", rc);
   uint32_t cap = 0;
   for (uint32_t i = 0; i < STAT_NS_MAX; i++) {
@@ -276,6 +280,8 @@ static void stat_json(const stat_run *r)
            r->sf.bytes ? (double)st->tier_bytes[KVT_TIER_COLD] / (double)r->sf.bytes : 0.0);
   json_u64(&j, "checksum_failures", st->cold_checksum_failures);
   json_u64(&j, "admission_declines", r->cold.declined);
+  json_u64(&j, "model_saved_accesses", r->cold.model_saved_accesses);
+  json_u64(&j, "hot_model_saved_accesses", r->hot.model_saved_accesses);
   json_end(&j);
   json_str(&j, "io_backend", st->io_backend);
   json_str(&j, "io_why", st->io_why);
@@ -342,6 +348,12 @@ static void stat_cold_human(const stat_run *r)
          "record)\n", st->cold_checksum_failures);
   printf("  admission declines %" PRIu64 " (blocks this process's writes did not store: the "
          "order's model predicted them unused)\n", r->cold.declined);
+  printf("  models   the learned order's, kept for the next writer: ");
+  if (r->cold.model_saved_accesses || r->hot.model_saved_accesses)
+    printf("cold tier %" PRIu64 " accesses counted, hot tier %" PRIu64 "\n",
+           r->cold.model_saved_accesses, r->hot.model_saved_accesses);
+  else
+    printf("none (a writer starts learning from nothing)\n");
   printf("  I/O      %s: %s\n", st->io_backend, st->io_why);
 }
 
