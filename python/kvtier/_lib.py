@@ -125,6 +125,16 @@ class Stats(Structure):
                 ("recall_late", c_uint64)]
 
 
+class TierStats(Structure):
+    _fields_ = [("filled", c_uint64), ("tier", c_uint32), ("present", c_uint32),
+                ("name", c_char * 16), ("blocks", c_uint64), ("bytes", c_uint64),
+                ("limit", c_uint64), ("evictions", c_uint64), ("reads", c_uint64),
+                ("read_bytes", c_uint64), ("write_bytes", c_uint64),
+                ("checksum_failures", c_uint64), ("write_failures", c_uint64),
+                ("declined", c_uint64), ("model_accesses", c_uint64),
+                ("model_saved_accesses", c_uint64)]
+
+
 class FsckResult(Structure):
     _fields_ = [("checked", c_uint64), ("bad", c_uint64), ("removed", c_uint64)]
 
@@ -141,6 +151,7 @@ _PROTOTYPES = {
     "kvt_engine_close": (None, [c_void_p]),
     "kvt_sync": (c_int, [c_void_p]),
     "kvt_stats_get": (c_int, [c_void_p, _P(Stats)]),
+    "kvt_stats_tier": (c_int, [c_void_p, c_uint32, _P(TierStats), c_size_t]),
     "kvt_fsck": (c_int, [c_void_p, c_int, _P(FsckResult), c_void_p, c_void_p]),
     "kvt_ns_register": (c_int, [c_void_p, _P(NsDesc), _u32p]),
     "kvt_ns_get": (c_int, [c_void_p, c_uint32, _u32p, _P(NsDesc)]),

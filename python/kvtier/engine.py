@@ -325,6 +325,24 @@ class Engine(_Handle):
                 out[name] = {_lib.TIER_NAMES[t]: int(v[t]) for t in range(_lib.N_TIERS)}
         return out
 
+    def tier_stats(self, tier: str) -> Dict[str, Any]:
+        """kvt_stats_tier() for "hot", "warm" or "cold" (the durable store) as a
+        dict: its counters, and with the learned eviction order the accesses
+        its model has counted (model_accesses) and those of the copy the store
+        keeps for the next open (model_saved_accesses)."""
+        if tier not in _lib.TIER_NAMES[1:]:
+            raise ValueError(f"tier: {tier!r} is not one of {_lib.TIER_NAMES[1:]}")
+        st = _lib.TierStats()
+        self._check(lib.kvt_stats_tier(self._live("engine"), _lib.TIER_NAMES.index(tier),
+                                       byref(st), ctypes.sizeof(st)), "kvt_stats_tier")
+        out: Dict[str, Any] = {}
+        for name, _ in _lib.TierStats._fields_:
+            v = getattr(st, name)
+            out[name] = v.decode(errors="replace") if isinstance(v, bytes) else int(v)
+        del out["filled"], out["tier"]
+        out["present"] = bool(out["present"])
+        return out
+
     def fsck(self, repair: bool = False) -> Dict[str, int]:
         """kvt_fsck() without a report callback: counts checked, bad, removed."""
         r = _lib.FsckResult()

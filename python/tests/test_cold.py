@@ -104,3 +104,21 @@ def test_load_wait_async_on_the_event_fd(cold_dir):
         for key, (k, v) in outs.items():
             assert k.tobytes() == kv[key][0].tobytes() and v.tobytes() == kv[key][1].tobytes()
         assert e.event_fd() >= 0 and e.event_fd() == e.event_fd()
+
+
+def test_tier_stats_carry_the_model(cold_dir):
+    """kvt_stats_tier through the binding: the cold tier's record count, and
+    the learned models a close keeps, which the next engine starts from."""
+    store_prefix(cold_dir)
+    with open_cold(cold_dir) as e:
+        cold, hot = e.tier_stats("cold"), e.tier_stats("hot")
+        assert cold["present"] and cold["name"] == "disk"
+        assert cold["blocks"] == 4
+        assert hot["name"] == "hot" and hot["blocks"] == 0
+        # the writer counted its 4 token blocks; this engine loaded that model
+        assert cold["model_saved_accesses"] == 4
+        assert cold["model_accesses"] == 4
+        assert hot["model_saved_accesses"] >= 4
+        assert e.tier_stats("warm")["model_accesses"] == 0
+        with pytest.raises(ValueError):
+            e.tier_stats("none")

@@ -19,7 +19,7 @@ STRUCTS = {
     "kvt_error_info": _lib.ErrorInfo, "kvt_kv": _lib.KV, "kvt_append_info": _lib.AppendInfo,
     "kvt_lookup_entry": _lib.LookupEntry, "kvt_gathered": _lib.Gathered,
     "kvt_load_req": _lib.LoadReq, "kvt_policy": _lib.Policy, "kvt_stats": _lib.Stats,
-    "kvt_fsck_result": _lib.FsckResult,
+    "kvt_fsck_result": _lib.FsckResult, "kvt_tier_stats": _lib.TierStats,
 }
 
 
