@@ -295,7 +295,7 @@ void kvt_nsrec_free(kvt_engine *e, kvt_nsrec *ns) {
 
 void kvt_engine_close(kvt_engine *e) {
   if (!e) return;
-  kvt_hot_order_checkpoint(e, 0); /* while the store is open */
+  kvt_hot_order_checkpoint(e, KVT_CKPT_WAIT); /* while the store is open */
   pthread_mutex_lock(&e->lock);
   kvt_flush_stop(e); /* drains the flush queue first, closes the store */
   while (e->loads.next != &e->loads) kvt_load_free_locked(e->loads.next);

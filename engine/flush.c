@@ -302,7 +302,7 @@ static void *flusher_main(void *arg) {
       /* The hot tier's model, when due, before the group: a block seen
        * durable was handed over after it, so a writer killed then loses
        * no more of the model than kvt_sync's would. */
-      kvt_hot_order_checkpoint(e, 1);
+      kvt_hot_order_checkpoint(e, KVT_CKPT_DUE);
       hand_over(e, g, n, recs, ptrs);
       pthread_mutex_lock(&e->lock);
       continue;
@@ -444,7 +444,7 @@ int kvt_sync(kvt_engine *e) {
   e->cold_err = 0;
   if (!rc) rc = referenced_cold_err(e); /* still not durable: still an error */
   pthread_mutex_unlock(&e->lock);
-  kvt_hot_order_checkpoint(e, 1); /* the hot tier's model, when due */
+  kvt_hot_order_checkpoint(e, KVT_CKPT_DUE | KVT_CKPT_WAIT); /* the hot tier's model */
   return rc;
 }
 

@@ -47,27 +47,43 @@ void kvt_hot_order_restore(kvt_engine *e) {
   size_t n = kvt_store_state_get(e->store, HOT_MODEL_STATE, buf, sizeof buf);
   uint64_t clock = 0;
   if (n && kvt_evict_model_state_clock(buf, n, &clock)) clock = 0;
-  e->hot_model_saved = clock;
+  e->hot_model_saved = e->hot_model_tried = clock;
   if (clock && e->hot_ev) kvt_evict_model_load(e->hot_ev, buf, n); /* LEARNED only */
+}
+
+/* Due: a save's worth of accesses since the last try (0 for an order that
+ * is not LEARNED, whose clock stays 0). Lock held. */
+static int hot_due(const kvt_engine *e) {
+  return kvt_evict_model_clock(e->hot_ev) >= e->hot_model_tried + KVT_EVICT_MODEL_SAVE_EVERY;
 }
 
 /* The state is taken under the lock and written without it: the store's
  * write goes to disk, and nothing should wait on the engine lock meanwhile.
  * One checkpoint at a time, so an older copy never overwrites a newer one:
- * a due one (the flusher's, kvt_sync's) passes while another runs, the
- * one at close waits for it (then takes the model as it is at close). */
-void kvt_hot_order_checkpoint(kvt_engine *e, int due) {
+ * the flusher's passes while another runs, kvt_sync's and close's wait for
+ * it (then take the model as it is). A store that refuses the write is
+ * asked again a save's worth of accesses later, not at every hand-over. */
+void kvt_hot_order_checkpoint(kvt_engine *e, int how) {
   if (!e->hot_ev || !e->store || !e->store->m->state_put || kvt_rdonly(e)) return;
+  int due = how & KVT_CKPT_DUE;
+  if (due) { /* the flusher asks at every hand-over: mostly not due */
+    pthread_mutex_lock(&e->lock);
+    int d = hot_due(e);
+    pthread_mutex_unlock(&e->lock);
+    if (!d) return;
+  }
   while (__atomic_exchange_n(&e->hot_saving, 1, __ATOMIC_ACQUIRE)) {
-    if (due) return;
+    if (!(how & KVT_CKPT_WAIT)) return;
     sched_yield(); /* one small store write to wait for */
   }
   uint8_t buf[KVT_EVICT_MODEL_MAX];
   size_t n = 0;
   pthread_mutex_lock(&e->lock);
   uint64_t now = kvt_evict_model_clock(e->hot_ev);
-  if (!due || now - e->hot_model_saved >= KVT_EVICT_MODEL_SAVE_EVERY)
+  if (!due || hot_due(e)) { /* again: the one waited for may have saved it */
     n = kvt_evict_model_save(e->hot_ev, buf, sizeof buf); /* 0 unless learned */
+    e->hot_model_tried = now;
+  }
   pthread_mutex_unlock(&e->lock);
   if (n && kvt_store_state_put(e->store, HOT_MODEL_STATE, buf, n) == 0) { /* else: hit rate */
     pthread_mutex_lock(&e->lock);

@@ -177,6 +177,7 @@ struct kvt_engine {
   struct kvt_evict *hot_ev;   /* the hot tier's eviction order of idle token blocks
                                  (opt.hot_evict; NULL: its LRU list; hot_order.c) */
   uint64_t hot_model_saved;   /* its model's clock when last kept in the store */
+  uint64_t hot_model_tried;   /* ... when last written or tried (hot_order.c) */
   int hot_saving;             /* a checkpoint is taking and writing it (atomic) */
   uint32_t drops;             /* prefix drops in their store removal (kvt_sync waits) */
   void (*test_drop_window)(void *); /* tests: called by kvt_drop_prefix between */
@@ -292,13 +293,16 @@ void kvt_publish_cold(kvt_engine *e, kvt_tblk *tb, uint32_t layer, kvt_lblk *b);
  * All with the lock held.
  * The learned order's model is kept in the store's index across restarts:
  * restore reads it once the store is open (in kvt_engine_open); checkpoint writes
- * it (lock not held: it takes it), always (at close) or only when due (its
+ * it (lock not held: it takes it), how: KVT_CKPT_DUE only when due (its
  * clock has run KVT_EVICT_MODEL_SAVE_EVERY accesses since it was last
- * kept: the flusher before each group it hands over, and kvt_sync). */
+ * kept or tried: the flusher before each group it hands over, and
+ * kvt_sync), else always (close); KVT_CKPT_WAIT for a checkpoint running
+ * in another thread (kvt_sync, close), else pass (the flusher). */
+enum { KVT_CKPT_DUE = 1, KVT_CKPT_WAIT = 2 };
 int kvt_hot_order_open(kvt_engine *e);
 void kvt_hot_order_close(kvt_engine *e);
 void kvt_hot_order_restore(kvt_engine *e);
-void kvt_hot_order_checkpoint(kvt_engine *e, int due);
+void kvt_hot_order_checkpoint(kvt_engine *e, int how);
 void kvt_hot_order_untrack(kvt_engine *e, kvt_tblk *tb);
 void kvt_hot_order_use(kvt_engine *e, kvt_tblk *tb, int lookup);
 kvt_tblk *kvt_hot_order_victim(kvt_engine *e);

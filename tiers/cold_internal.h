@@ -158,6 +158,7 @@ struct kvt_cold {
   uint64_t ev_evictions;       /* blocks invalidated by the order */
   uint64_t model_saved;        /* the clock of the model the index keeps: read at open,
                                   set by the committer's saves (atomic: stats read it) */
+  uint64_t model_tried;        /* its clock when last saved or tried (committer) */
   int ev_on;                   /* ev_lock initialized */
   void (*read_notify)(void *arg); /* a read batch finished (kvt_cold_set_read_notify) */
   void *read_notify_arg;

@@ -314,6 +314,7 @@ static void evict_model_load(kvt_cold *c) {
   uint64_t clock = 0;
   if (n && kvt_evict_model_state_clock(buf, n, &clock)) clock = 0;
   __atomic_store_n(&c->model_saved, clock, __ATOMIC_RELAXED);
+  c->model_tried = clock;
   if (clock && c->ev && c->cfg.evict_policy == KVT_EVICT_LEARNED)
     kvt_evict_model_load(c->ev, buf, n);
 }
@@ -331,8 +332,10 @@ void cold_model_checkpoint(kvt_cold *c) {
   pthread_mutex_lock(&c->ev_lock);
   uint64_t now = kvt_evict_model_clock(c->ev);
   size_t n = 0;
-  if (now - c->model_saved >= KVT_EVICT_MODEL_SAVE_EVERY) /* the committer's own */
+  if (now >= c->model_tried + KVT_EVICT_MODEL_SAVE_EVERY) { /* the committer's own */
     n = kvt_evict_model_save(c->ev, buf, sizeof buf);
+    c->model_tried = now; /* a failed save is tried again a save's worth later */
+  }
   pthread_mutex_unlock(&c->ev_lock);
   if (n && cold_meta_put(c, REUSE_MODEL_KEY, buf, n) == 0)
     __atomic_store_n(&c->model_saved, now, __ATOMIC_RELAXED); /* stats read it */
