@@ -4,6 +4,9 @@
  * back, so a workload where the first are never reused and the second
  * are ranks them apart; and a state saved with the six classes of the
  * earlier version is refused as another version, not misread. */
+#define XXH_INLINE_ALL /* header only: the tests link no libxxhash */
+#include <xxhash.h>
+
 #include "testutil.h"
 
 #include <string.h>
@@ -89,6 +92,14 @@ static void test_old_version_refused(void **state) {
   assert_int_equal(kvt_reuse_state_clock(s, sizeof s, &clock), KVT_ECORRUPT);
   assert_int_equal(kvt_reuse_load(r, s, sizeof s), KVT_ECORRUPT);
   s[40] ^= 1;
+  uint8_t bad[KVT_REUSE_STATE_BYTES]; /* a count out of range, the checksum made to match */
+  memcpy(bad, s, sizeof bad);
+  const float neg = -1.0f;
+  memcpy(bad + 32, &neg, 4); /* the first class's count (little-endian here) */
+  uint64_t sum = XXH3_64bits(bad + 32, sizeof bad - 32);
+  for (int i = 0; i < 8; i++) bad[24 + i] = (uint8_t)(sum >> (8 * i));
+  assert_int_equal(kvt_reuse_state_clock(bad, sizeof bad, &clock), KVT_ECORRUPT);
+  assert_int_equal(kvt_reuse_load(r, bad, sizeof bad), KVT_ECORRUPT);
   s[8] = 2; /* version, little-endian u32 */
   assert_int_equal(kvt_reuse_load(r, s, sizeof s), KVT_EVERSION);
   clock = 99;

@@ -272,26 +272,14 @@ void kvt_reuse_save(const kvt_reuse *r, uint8_t out[KVT_REUSE_STATE_BYTES]) {
   kvt_le_put64(out + 24, XXH3_64bits(out + 32, BODY));
 }
 
-/* The header and checksum of a saved state: 0, KVT_EVERSION, KVT_ECORRUPT. */
-static int state_check(const uint8_t *in, size_t len) {
+/* A saved state, checked whole (header, checksum, every count) into n
+ * and d: 0, KVT_EVERSION, KVT_ECORRUPT. */
+static int state_parse(const uint8_t *in, size_t len, float n[C], float d[C][B]) {
   if (len < 16 || memcmp(in, STATE_MAGIC, 8)) return KVT_ECORRUPT;
   if (kvt_le_get32(in + 8) != STATE_VERSION) return KVT_EVERSION;
   if (len != KVT_REUSE_STATE_BYTES || kvt_le_get32(in + 12) != SHAPE ||
       kvt_le_get64(in + 24) != XXH3_64bits(in + 32, BODY))
     return KVT_ECORRUPT;
-  return 0;
-}
-
-int kvt_reuse_state_clock(const uint8_t *in, size_t len, uint64_t *clock) {
-  int rc = state_check(in, len);
-  if (!rc) *clock = kvt_le_get64(in + 16);
-  return rc;
-}
-
-int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len) {
-  int rc = state_check(in, len);
-  if (rc) return rc;
-  float n[C], d[C][B]; /* checked whole before anything is replaced */
   const uint8_t *p = in + 32;
   for (int c = 0; c < C; c++) {
     n[c] = get_f32(p);
@@ -302,6 +290,20 @@ int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len) {
       if (!isfinite(d[c][b]) || d[c][b] < 0 || d[c][b] > 4.0 * DECAY_AT) return KVT_ECORRUPT;
     }
   }
+  return 0;
+}
+
+int kvt_reuse_state_clock(const uint8_t *in, size_t len, uint64_t *clock) {
+  float n[C], d[C][B];
+  int rc = state_parse(in, len, n, d);
+  if (!rc) *clock = kvt_le_get64(in + 16);
+  return rc;
+}
+
+int kvt_reuse_load(kvt_reuse *r, const uint8_t *in, size_t len) {
+  float n[C], d[C][B]; /* checked whole before anything is replaced */
+  int rc = state_parse(in, len, n, d);
+  if (rc) return rc;
   memcpy(r->n, n, sizeof n);
   memcpy(r->d, d, sizeof d);
   r->now = kvt_le_get64(in + 16);
