@@ -209,38 +209,36 @@ static int wait_durable(const kvt_seq *s, uint32_t n) {
  * before that chain (what must be kept but for fewer than a save's worth)
  * and when killed (what cannot have been kept). No cmocka asserts: it
  * exits with a code. */
+/* Chain c (4 blocks of its own tokens) in a new sequence, left open. */
+static kvt_seq *put_chain(kvt_engine *e, kvt_ns_id ns, uint32_t c, tu_kv *kv) {
+  static uint32_t tok[BT];
+  kvt_shape sh = SHAPE;
+  kvt_seq *s;
+  if (kvt_seq_create(e, ns, &s)) _exit(3);
+  for (uint32_t k = 0; k < 4; k++) {
+    for (uint32_t j = 0; j < BT; j++) tok[j] = c * 1000 + k * BT + j;
+    tu_append_put(s, &sh, 11, tok, kv);
+  }
+  return s;
+}
+
 static void killed_writer(const char *dir, const kvt_options *o, int sync, int fd) {
   kvt_ns_desc d = tu_desc("engine-learned", &SHAPE);
   kvt_ns_id ns;
   kvt_shape sh = SHAPE;
   tu_kv kv;
   tu_kv_alloc(&kv, &sh);
-  static uint32_t tok[BT];
   kvt_engine *e;
   if (kvt_engine_open(dir, o, &e) || kvt_ns_register(e, &d, &ns)) _exit(2);
   const uint64_t enough = 3 * KVT_EVICT_MODEL_SAVE_EVERY;
   uint32_t c = 0;
   for (; c < 100000 && (model_clock(e) < enough ||
-                        kvt_evict_model_clock(e->hot_ev) < enough); c++) {
-    kvt_seq *s;
-    if (kvt_seq_create(e, ns, &s)) _exit(3);
-    for (uint32_t k = 0; k < 4; k++) {
-      for (uint32_t j = 0; j < BT; j++) tok[j] = c * 1000 + k * BT + j;
-      tu_append_put(s, &sh, 11, tok, &kv);
-    }
-    kvt_seq_release(s);
-  }
+                        kvt_evict_model_clock(e->hot_ev) < enough); c++)
+    kvt_seq_release(put_chain(e, ns, c, &kv));
   if (sync && kvt_sync(e)) _exit(4); /* it writes the hot tier's model when due */
   uint64_t clock[2] = {model_clock(e), kvt_evict_model_clock(e->hot_ev)};
-  if (!sync) { /* no kvt_sync: the flusher's own checkpoint, before a group */
-    kvt_seq *s;
-    if (kvt_seq_create(e, ns, &s)) _exit(3);
-    for (uint32_t k = 0; k < 4; k++) {
-      for (uint32_t j = 0; j < BT; j++) tok[j] = c * 1000 + k * BT + j;
-      tu_append_put(s, &sh, 11, tok, &kv);
-    }
-    if (wait_durable(s, 4)) _exit(7);
-  }
+  if (!sync && wait_durable(put_chain(e, ns, c, &kv), 4)) /* the flusher's own checkpoint */
+    _exit(7);
   uint64_t clocks[4] = {clock[0], clock[1], model_clock(e), kvt_evict_model_clock(e->hot_ev)};
   if (write(fd, clocks, sizeof clocks) != sizeof clocks) _exit(5);
   kill(getpid(), SIGKILL);
